@@ -1,0 +1,402 @@
+/*
+ * dynemb.h -- public C API of the dynemb embedding engine.
+ *
+ * dynemb keeps large, ever-changing embedding tables for recommendation
+ * training. A table maps 64-bit integer keys (feature ids) to rows; a row is
+ * the embedding (`dim` floats) followed by the optimizer's slots. Tables need
+ * no preset size: they grow as new keys arrive. Keys may be admitted only
+ * after they were seen `access_threshold` times (feature admission) and rows
+ * not seen for `eviction_threshold` time units are removed (feature eviction).
+ * Gradients are applied inside the engine by a sparse optimizer with
+ * TensorFlow's exact math (SGD, Adagrad, lazy Adam, FTRL).
+ *
+ * Tables live in a process-wide registry keyed by name, so that independent
+ * callers (TensorFlow kernels, the CLI, tests) find the same table.
+ *
+ * Conventions
+ *  - Every function that can fail returns an `int` status: DYNEMB_OK (0) or a
+ *    positive DYNEMB_E* code. On failure, dynemb_last_error() returns a
+ *    sentence for the calling thread that names the table or argument at
+ *    fault and says how to fix it. dynemb_strerror() turns a code into a
+ *    generic sentence.
+ *  - A failed call changes nothing (no half-applied batch, no half-loaded
+ *    table) unless its documentation says otherwise.
+ *  - All functions are thread-safe. Any number of threads may call lookup,
+ *    apply, evict, stats, snapshot and save on the same table at once.
+ *  - "Time" (`now`) is an opaque, caller-chosen clock: global steps, or
+ *    seconds (wall time or data timestamps). A table only compares
+ *    differences against its eviction_threshold, so the caller must use one
+ *    unit per table. `now` must be in [0, 2^32 - 1] (steps, or Unix seconds
+ *    until 2106).
+ */
+#ifndef DYNEMB_H
+#define DYNEMB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DYNEMB_API __attribute__((visibility("default")))
+#else
+#define DYNEMB_API
+#endif
+
+/* Version of the library (not of the checkpoint format). */
+#define DYNEMB_VERSION_MAJOR 0
+#define DYNEMB_VERSION_MINOR 1
+#define DYNEMB_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+enum dynemb_status {
+  DYNEMB_OK = 0,
+  DYNEMB_EINVAL = 1,     /* an argument is invalid (message names it) */
+  DYNEMB_ENOMEM = 2,     /* out of memory */
+  DYNEMB_EEXIST = 3,     /* a table with this name already exists */
+  DYNEMB_ENOTFOUND = 4,  /* no table (or checkpoint entry) with this name */
+  DYNEMB_EDIM = 5,       /* dimension / row layout mismatch */
+  DYNEMB_ENONFINITE = 6, /* NaN or Inf in gradients (policy ERROR) */
+  DYNEMB_EIO = 7,        /* operating-system I/O error (message has errno) */
+  DYNEMB_ECORRUPT = 8,   /* checkpoint data fails checks (checksum, size) */
+  DYNEMB_EVERSION = 9,   /* checkpoint written by an unknown format version */
+  DYNEMB_ECAPACITY = 10, /* a capacity budget is exhausted */
+  DYNEMB_EMISMATCH = 11  /* checkpoint optimizer/layout differs from table */
+};
+
+/* A generic sentence for `code` (never NULL; unknown codes get one too). */
+DYNEMB_API const char *dynemb_strerror(int code);
+
+/* The detailed message of the last failing dynemb call on this thread: it
+ * names the table or argument and the fix. Empty string if none. The pointer
+ * is valid until the next dynemb call on this thread. */
+DYNEMB_API const char *dynemb_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Table configuration                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Initial value of a new row. The value is a pure function of
+ * (seed, key, element index): it never depends on threads, batch order,
+ * sharding or insertion order. */
+enum dynemb_init_kind {
+  DYNEMB_INIT_ZEROS = 0,
+  DYNEMB_INIT_CONSTANT = 1,         /* every element = a */
+  DYNEMB_INIT_UNIFORM = 2,          /* U[a, b) : a = min, b = max */
+  DYNEMB_INIT_NORMAL = 3,           /* N(a, b^2): a = mean, b = stddev */
+  DYNEMB_INIT_TRUNCATED_NORMAL = 4  /* N(a, b^2) redrawn outside a +- 2b */
+};
+
+typedef struct dynemb_initializer {
+  int kind;      /* enum dynemb_init_kind */
+  float a, b;    /* meaning depends on kind, see above */
+  uint64_t seed; /* table seed */
+} dynemb_initializer;
+
+/* Sparse optimizers. Slots per row (in units of `dim` floats):
+ * SGD 0, ADAGRAD 1 (accumulator), ADAM 2 (m, v), FTRL 2 (accum, linear). */
+enum dynemb_optimizer_kind {
+  DYNEMB_OPT_SGD = 0,
+  DYNEMB_OPT_ADAGRAD = 1,
+  DYNEMB_OPT_ADAM = 2, /* lazy Adam: only rows present in the batch move */
+  DYNEMB_OPT_FTRL = 3
+};
+
+typedef struct dynemb_optimizer {
+  int kind;                        /* enum dynemb_optimizer_kind */
+  float learning_rate;             /* used when apply gets lr < 0 */
+  float initial_accumulator_value; /* ADAGRAD (TF default 0.1), FTRL (0.1) */
+  float beta1, beta2, epsilon;     /* ADAM (TF: 0.9, 0.999, 1e-8) */
+  float learning_rate_power;       /* FTRL, <= 0 (TF default -0.5) */
+  float l1, l2, l2_shrinkage;      /* FTRL regularization, >= 0 */
+} dynemb_optimizer;
+
+/* What apply does with a NaN/Inf gradient. */
+enum dynemb_nonfinite_policy {
+  DYNEMB_NONFINITE_ERROR = 0, /* reject the whole batch, apply nothing */
+  DYNEMB_NONFINITE_SKIP = 1   /* skip those keys, count them in stats */
+};
+
+typedef struct dynemb_table_config {
+  const char *name; /* unique in the process; copied */
+  int dim;          /* embedding width, 1 .. 65536 */
+  dynemb_initializer init;
+  dynemb_optimizer optimizer;
+  /* Feature admission: a key gets a trainable row at its
+   * access_threshold-th occurrence in train-mode lookups. 0 or 1: at once.
+   * Until then its lookup returns the default value and its gradients are
+   * dropped; it costs a small counter entry, not a row. */
+  uint32_t access_threshold;
+  /* Feature eviction: rows (and admission candidates) whose last access is
+   * more than eviction_threshold time units before `now` are removed by
+   * dynemb_evict(). 0 disables eviction. */
+  int64_t eviction_threshold;
+  /* Value returned for keys without a row (eval mode, or not yet admitted):
+   * `dim` floats, copied; NULL means zeros. */
+  const float *default_value;
+  int nonfinite_policy; /* enum dynemb_nonfinite_policy */
+  /* Number of lock shards (power of two, 1 .. 4096); 0 = default (256). */
+  int shards;
+  /* Storage tiers, in rows. 0 = unlimited for host and ssd, none for
+   * device. Only the host tier is implemented in this version: a nonzero
+   * device or ssd budget is validated and then rejected with a message. */
+  uint64_t device_vocabulary_size;
+  uint64_t host_vocabulary_size;
+  uint64_t ssd_vocabulary_size;
+  const char *ssd_data_path; /* directory for the SSD tier; copied */
+} dynemb_table_config;
+
+/* Fills `cfg` with defaults: dim 0 (must be set), name NULL (must be set),
+ * zeros initializer, SGD lr 0.01 with TF's defaults for every other
+ * hyper-parameter, no admission, no eviction, zero default value, policy
+ * ERROR, default shards, unlimited host tier. */
+DYNEMB_API void dynemb_table_config_init(dynemb_table_config *cfg);
+
+/* ------------------------------------------------------------------------ */
+/* Registry and table life cycle                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef struct dynemb_table dynemb_table; /* opaque */
+
+/* Creates a table and registers it under cfg->name. On success *out holds
+ * one reference (release it with dynemb_table_release).
+ * Errors: EINVAL (bad config; message names the field), EEXIST (name taken:
+ * drop the old table or pick another name), ENOMEM. */
+DYNEMB_API int dynemb_table_create(const dynemb_table_config *cfg,
+                                   dynemb_table **out);
+
+/* Finds a registered table and takes a reference to it.
+ * Errors: ENOTFOUND (message lists the tables that do exist). */
+DYNEMB_API int dynemb_table_find(const char *name, dynemb_table **out);
+
+/* Takes another reference / drops one. The table is freed when it was
+ * unregistered and the last reference is gone. NULL is allowed. */
+DYNEMB_API void dynemb_table_retain(dynemb_table *t);
+DYNEMB_API void dynemb_table_release(dynemb_table *t);
+
+/* Unregisters a table by name; holders of references keep a usable table
+ * until they release it. Errors: ENOTFOUND. */
+DYNEMB_API int dynemb_table_drop(const char *name);
+
+/* Unregisters every table (as dynemb_table_drop on each). */
+DYNEMB_API void dynemb_registry_clear(void);
+
+/* Names of registered tables, sorted, as a malloc'ed array of malloc'ed
+ * strings; free with dynemb_free_names. Returns the count. */
+DYNEMB_API size_t dynemb_registry_names(char ***names);
+DYNEMB_API void dynemb_free_names(char **names, size_t n);
+
+/* Read-only properties. */
+DYNEMB_API const char *dynemb_table_name(const dynemb_table *t);
+DYNEMB_API int dynemb_table_dim(const dynemb_table *t);
+/* Floats per row: dim * (1 + optimizer slots). */
+DYNEMB_API int dynemb_table_row_floats(const dynemb_table *t);
+/* A copy of the configuration (pointers inside point into the table). */
+DYNEMB_API void dynemb_table_get_config(const dynemb_table *t,
+                                        dynemb_table_config *cfg);
+
+/* Changes the admission threshold at run time (applies to later lookups;
+ * candidates already counted keep their counts). */
+DYNEMB_API int dynemb_table_set_access_threshold(dynemb_table *t,
+                                                 uint32_t threshold);
+/* Changes the eviction threshold at run time (0 disables). */
+DYNEMB_API int dynemb_table_set_eviction_threshold(dynemb_table *t,
+                                                   int64_t threshold);
+
+/* ------------------------------------------------------------------------ */
+/* Lookup, apply, evict                                                      */
+/* ------------------------------------------------------------------------ */
+
+enum dynemb_lookup_mode {
+  DYNEMB_LOOKUP_TRAIN = 0, /* inserts new keys (subject to admission),
+                              counts candidates, stamps last access */
+  DYNEMB_LOOKUP_EVAL = 1   /* never inserts or counts; unknown keys read
+                              the default value; does not stamp */
+};
+
+/* Looks up `n` keys and writes n * dim floats (embeddings only, no slots)
+ * to `out`. Repeated keys are fine. `now` is the time stamped on accessed
+ * rows in TRAIN mode (see Conventions).
+ * Errors: EINVAL (now out of range, NULL buffers with n > 0),
+ * ECAPACITY (host budget full: raise host_vocabulary_size or enable
+ * eviction), ENOMEM. On error `out` is unspecified; rows inserted before the
+ * error stay (they are valid rows). */
+DYNEMB_API int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n,
+                             int mode, int64_t now, float *out);
+
+/* Widens int32 keys to int64 (sign-extending), for callers with int32 ids. */
+DYNEMB_API void dynemb_widen_keys(const int32_t *in, size_t n, int64_t *out);
+
+typedef struct dynemb_apply_stats {
+  size_t unique_keys;       /* distinct keys in the batch */
+  size_t applied;           /* rows updated */
+  size_t dropped_unknown;   /* keys with no row (not admitted / evicted) */
+  size_t skipped_nonfinite; /* keys skipped for NaN/Inf (policy SKIP) */
+} dynemb_apply_stats;
+
+/* Applies gradients: `grads` holds n * dim floats, row i for keys[i].
+ * Gradients of repeated keys are summed first (as TensorFlow does for
+ * IndexedSlices), then the table's optimizer updates each row once.
+ * learning_rate < 0 uses the configured rate. Each call counts as one
+ * optimizer step for Adam's bias correction (the table keeps the count; it
+ * is saved in checkpoints). Keys without a row are dropped and counted.
+ * Errors: ENONFINITE (policy ERROR: nothing was applied; the message names
+ * the table and the first offending key), EINVAL, ENOMEM.
+ * `stats` may be NULL. */
+DYNEMB_API int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
+                            const float *grads, float learning_rate,
+                            dynemb_apply_stats *stats);
+
+/* Removes rows and admission candidates whose last access is more than
+ * eviction_threshold before `now`; their memory is reused by later inserts.
+ * Does nothing when eviction_threshold is 0. *evicted (may be NULL) gets the
+ * number of rows removed. Errors: EINVAL (now out of range). */
+DYNEMB_API int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted);
+
+/* Removes every row and candidate (counters in stats are kept). */
+DYNEMB_API void dynemb_table_clear(dynemb_table *t);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef struct dynemb_table_stats {
+  uint64_t size;          /* rows (admitted keys) now */
+  uint64_t capacity;      /* row slots allocated now (size + free) */
+  uint64_t candidates;    /* keys counted for admission, without a row */
+  uint64_t bytes;         /* memory held by the table, all structures */
+  uint64_t lookups;       /* keys looked up (train + eval) */
+  uint64_t hits;          /* ...that found an existing row */
+  uint64_t inserted;      /* rows created (admissions included) */
+  uint64_t rejected;      /* train lookups answered with the default value
+                             because the key is not admitted yet */
+  uint64_t evicted;       /* rows removed by eviction */
+  uint64_t evicted_candidates; /* candidates removed by eviction */
+  uint64_t applied;       /* row updates by apply */
+  uint64_t dropped_gradients;  /* gradient rows for keys without a row */
+  uint64_t nonfinite_skipped;  /* gradient rows skipped for NaN/Inf */
+  uint64_t apply_steps;   /* apply calls (Adam's step count) */
+} dynemb_table_stats;
+
+DYNEMB_API void dynemb_table_get_stats(dynemb_table *t,
+                                       dynemb_table_stats *stats);
+/* Shorthands for stats.size and stats.capacity. */
+DYNEMB_API uint64_t dynemb_table_size(dynemb_table *t);
+DYNEMB_API uint64_t dynemb_table_capacity(dynemb_table *t);
+
+/* ------------------------------------------------------------------------ */
+/* Snapshots and import (the TensorFlow bridge and checkpoints use these)    */
+/* ------------------------------------------------------------------------ */
+
+/* A consistent copy of a table's contents, rows sorted by key. */
+typedef struct dynemb_snapshot {
+  int dim;
+  int row_floats;         /* dim * (1 + slots) */
+  int optimizer_kind;     /* enum dynemb_optimizer_kind */
+  uint64_t apply_steps;
+  size_t rows;
+  int64_t *keys;          /* [rows] */
+  float *values;          /* [rows * row_floats]: embedding, then slots */
+  uint32_t *last_access;  /* [rows] */
+  size_t candidates;
+  int64_t *cand_keys;     /* [candidates], sorted */
+  uint32_t *cand_counts;  /* [candidates] */
+  uint32_t *cand_last_access; /* [candidates] */
+} dynemb_snapshot;
+
+/* Copies the table into *snap (all arrays malloc'ed; free with
+ * dynemb_snapshot_free). Errors: ENOMEM. */
+DYNEMB_API int dynemb_table_snapshot(dynemb_table *t, dynemb_snapshot *snap);
+DYNEMB_API void dynemb_snapshot_free(dynemb_snapshot *snap);
+
+enum dynemb_import_flags {
+  DYNEMB_IMPORT_REPLACE = 1,        /* clear the table first */
+  DYNEMB_IMPORT_EMBEDDING_ONLY = 2, /* take embeddings, fresh optimizer
+                                       slots (for a different optimizer) */
+  DYNEMB_IMPORT_KEEP_STEPS = 4      /* keep the table's apply_steps instead
+                                       of taking the snapshot's */
+};
+
+/* Which shard of `shard_count` a key belongs to (hash based, stable across
+ * versions and platforms). shard_count 0 or 1 gives 0. */
+DYNEMB_API uint32_t dynemb_key_shard(int64_t key, uint32_t shard_count);
+
+/* Inserts (or overwrites) the snapshot's rows and candidates into `t`,
+ * keeping only keys with dynemb_key_shard(key, shard_count) == shard_index
+ * (shard_count 0 or 1 keeps all). Checks are done before anything changes.
+ * Errors: EDIM (snapshot dim differs), EMISMATCH (optimizer layout differs
+ * and EMBEDDING_ONLY not given), EINVAL, ECAPACITY, ENOMEM. */
+DYNEMB_API int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
+                                   unsigned flags, uint32_t shard_index,
+                                   uint32_t shard_count);
+
+/* ------------------------------------------------------------------------ */
+/* Checkpoints                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Checkpoint layout: a directory holding one file per table and a
+ * MANIFEST naming the tables, their files and the files' checksums.
+ * Every file starts with a magic number and a format version and carries
+ * CRC32 checksums. Files are written to a temporary name, fsync'ed and
+ * renamed; the MANIFEST is replaced last, so a crash during save leaves the
+ * previous checkpoint in the directory loadable. */
+#define DYNEMB_CKPT_FORMAT_VERSION 1
+
+/* Saves `n` tables into directory `dir` (created if missing). Tables
+ * already in the directory's MANIFEST but not named here are kept.
+ * Errors: EIO (message has the path and errno text), ENOMEM. */
+DYNEMB_API int dynemb_checkpoint_save(const char *dir,
+                                      dynemb_table *const *tables, size_t n);
+
+/* Loads table `name_in_ckpt` (NULL: the table's own name) from `dir` into
+ * `t`, as dynemb_table_import with `flags`, shard_index and shard_count.
+ * The whole file is verified before the table changes.
+ * Errors: ENOTFOUND (no such table in the checkpoint; the message lists the
+ * ones present), ECORRUPT (checksum/size/structure; message says which
+ * file and what), EVERSION, EDIM, EMISMATCH, EIO, ENOMEM. */
+DYNEMB_API int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
+                                      const char *name_in_ckpt, unsigned flags,
+                                      uint32_t shard_index,
+                                      uint32_t shard_count);
+
+/* What a checkpoint holds, per table. */
+typedef struct dynemb_ckpt_entry {
+  char *name;
+  char *file;            /* file name inside the directory */
+  int format_version;
+  int dim;
+  int row_floats;
+  int optimizer_kind;
+  uint64_t rows;
+  uint64_t candidates;
+  uint64_t apply_steps;
+  uint64_t file_bytes;
+} dynemb_ckpt_entry;
+
+/* Reads the MANIFEST and the file headers (no full verification). On
+ * success *entries is a malloc'ed array of *n entries; free it with
+ * dynemb_ckpt_entries_free. Errors: EIO, ECORRUPT, EVERSION. */
+DYNEMB_API int dynemb_checkpoint_inspect(const char *dir,
+                                         dynemb_ckpt_entry **entries,
+                                         size_t *n);
+DYNEMB_API void dynemb_ckpt_entries_free(dynemb_ckpt_entry *entries, size_t n);
+
+/* Verifies every file of the checkpoint completely (sizes, structure and
+ * checksums). Errors: ECORRUPT / EVERSION / EIO with a message naming the
+ * first bad file. */
+DYNEMB_API int dynemb_checkpoint_verify(const char *dir);
+
+/* Reads one table of a checkpoint into a snapshot, fully verified (for
+ * tools and for readers that do not want a registered table). */
+DYNEMB_API int dynemb_checkpoint_read(const char *dir, const char *name,
+                                      dynemb_snapshot *snap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DYNEMB_H */

@@ -1,0 +1,71 @@
+/*
+ * check.h -- the tiny test harness shared by the C tests.
+ *
+ * A test is a `static void name(void)`; CHECK* macros record failures
+ * without stopping the test; RUN(name) prints "PASS name" or "FAIL name"
+ * (tests/run_all.sh counts those lines) and main returns check_summary().
+ */
+#ifndef DYNEMB_CHECK_H
+#define DYNEMB_CHECK_H
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static int check_failed_in_test;
+static int check_passed_total, check_failed_total;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,     \
+              #cond);                                                      \
+      check_failed_in_test++;                                              \
+    }                                                                      \
+  } while (0)
+
+/* Checks that a dynemb call returned `want`; prints the engine message. */
+#define CHECK_RC(call, want)                                               \
+  do {                                                                     \
+    int check_rc_ = (call);                                                \
+    if (check_rc_ != (want)) {                                             \
+      fprintf(stderr, "%s:%d: %s returned %d, want %d (%s)\n", __FILE__,   \
+              __LINE__, #call, check_rc_, (int)(want),                     \
+              dynemb_last_error());                                        \
+      check_failed_in_test++;                                              \
+    }                                                                      \
+  } while (0)
+
+#define CHECK_OK(call) CHECK_RC(call, DYNEMB_OK)
+
+/* |a - b| <= atol + rtol * |b| */
+#define CHECK_NEAR(a, b, rtol, atol)                                       \
+  do {                                                                     \
+    double check_a_ = (double)(a), check_b_ = (double)(b);                 \
+    if (!(fabs(check_a_ - check_b_) <= (atol) + (rtol)*fabs(check_b_))) { \
+      fprintf(stderr, "%s:%d: %s = %.9g, want %s = %.9g\n", __FILE__,      \
+              __LINE__, #a, check_a_, #b, check_b_);                       \
+      check_failed_in_test++;                                              \
+    }                                                                      \
+  } while (0)
+
+#define RUN(test)                                                          \
+  do {                                                                     \
+    check_failed_in_test = 0;                                              \
+    test();                                                                \
+    if (check_failed_in_test) {                                            \
+      check_failed_total++;                                                \
+      printf("FAIL %s\n", #test);                                          \
+    } else {                                                               \
+      check_passed_total++;                                                \
+      printf("PASS %s\n", #test);                                          \
+    }                                                                      \
+    fflush(stdout);                                                        \
+  } while (0)
+
+static inline int check_summary(void) {
+  printf("%d passed, %d failed\n", check_passed_total, check_failed_total);
+  return check_failed_total ? 1 : 0;
+}
+
+#endif
