@@ -1,0 +1,25 @@
+"""dynemb: dynamic embedding tables for TensorFlow, with mxRec's API.
+
+Migrate an mxRec script by replacing the import prefix ``mx_rec`` with
+``dynemb``; the common names are also available here directly.
+"""
+from dynemb import _lib
+from dynemb._lib import DynembError
+from dynemb.core.embedding import (EmbeddingTable, clear_tables, create_table, drop_table,
+                                   sparse_lookup)
+from dynemb.core.feature_process import EvictHook
+from dynemb.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
+from dynemb.util.initialize import (ConfigInitializer, clear_channel, get_initializer,
+                                    get_rank_id, get_rank_size, get_use_dynamic_expansion, init,
+                                    set_if_load, terminate, terminate_config_initializer)
+from dynemb.util.variable import get_dense_and_sparse_variable
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DynembError", "EmbeddingTable", "EvictHook", "ConfigInitializer", "adagrad", "clear_channel",
+    "clear_tables", "create_table", "drop_table", "ftrl", "get_dense_and_sparse_variable",
+    "get_initializer", "get_rank_id", "get_rank_size", "get_use_dynamic_expansion", "gradient_descent",
+    "init", "lazy_adam", "set_if_load", "sparse_lookup", "terminate",
+    "terminate_config_initializer",
+]

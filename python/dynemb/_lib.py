@@ -1,0 +1,142 @@
+"""Loads the dynemb op library and binds the engine's C API with ctypes.
+
+One shared object, ``_dynemb_ops.so``, holds both the TensorFlow kernels
+(registered when TensorFlow loads it) and the engine itself, whose public
+``dynemb_*`` functions are exported; ctypes opens the very same loaded
+library, so tables created here are the tables the kernels find by name.
+
+Search order for the library: ``$DYNEMB_OPS_LIB``, the installed package
+directory, then ``build/tf/`` of a source checkout (editable installs).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+_LIB_FILE = "_dynemb_ops.so"
+
+
+def _find_library() -> str:
+    env = os.environ.get("DYNEMB_OPS_LIB")
+    here = Path(__file__).resolve().parent
+    candidates = [Path(env)] if env else []
+    candidates += [here / _LIB_FILE, here.parent.parent / "build" / "tf" / _LIB_FILE]
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    raise ImportError(
+        "dynemb: the op library %s was not found (looked in: %s). Build it with "
+        "`make ops` in the source tree, or reinstall with `pip install .`."
+        % (_LIB_FILE, ", ".join(str(c) for c in candidates)))
+
+
+LIB_PATH = _find_library()
+ops: Any = tf.load_op_library(LIB_PATH)  # registers the kernels
+clib = ctypes.CDLL(LIB_PATH)              # the same library, already loaded
+
+# --- engine constants (include/dynemb.h) ------------------------------------
+OK, EINVAL, ENOMEM, EEXIST, ENOTFOUND, EDIM = 0, 1, 2, 3, 4, 5
+INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_TRUNCATED_NORMAL = range(5)
+OPT_SGD, OPT_ADAGRAD, OPT_ADAM, OPT_FTRL = range(4)
+LOOKUP_TRAIN, LOOKUP_EVAL = 0, 1
+IMPORT_REPLACE, IMPORT_EMBEDDING_ONLY, IMPORT_KEEP_STEPS = 1, 2, 4
+STATS_FIELDS = ("size", "capacity", "candidates", "bytes", "lookups", "hits",
+                "inserted", "rejected", "evicted", "evicted_candidates",
+                "applied", "dropped_gradients", "nonfinite_skipped", "apply_steps")
+
+
+class Initializer(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("a", ctypes.c_float),
+                ("b", ctypes.c_float), ("seed", ctypes.c_uint64)]
+
+
+class Optimizer(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int)] + [
+        (n, ctypes.c_float) for n in (
+            "learning_rate", "initial_accumulator_value", "beta1", "beta2",
+            "epsilon", "learning_rate_power", "l1", "l2", "l2_shrinkage")]
+
+
+class TableConfig(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("dim", ctypes.c_int),
+        ("init", Initializer), ("optimizer", Optimizer),
+        ("access_threshold", ctypes.c_uint32),
+        ("eviction_threshold", ctypes.c_int64),
+        ("default_value", ctypes.POINTER(ctypes.c_float)),
+        ("nonfinite_policy", ctypes.c_int), ("shards", ctypes.c_int),
+        ("device_vocabulary_size", ctypes.c_uint64),
+        ("host_vocabulary_size", ctypes.c_uint64),
+        ("ssd_vocabulary_size", ctypes.c_uint64),
+        ("ssd_data_path", ctypes.c_char_p)]
+
+
+class TableStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in STATS_FIELDS]
+
+
+_P = ctypes.c_void_p
+_SIGS = {
+    "dynemb_last_error": (ctypes.c_char_p, []),
+    "dynemb_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+    "dynemb_table_config_init": (None, [ctypes.POINTER(TableConfig)]),
+    "dynemb_table_create": (ctypes.c_int, [ctypes.POINTER(TableConfig), ctypes.POINTER(_P)]),
+    "dynemb_table_find": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_P)]),
+    "dynemb_table_release": (None, [_P]),
+    "dynemb_table_drop": (ctypes.c_int, [ctypes.c_char_p]),
+    "dynemb_registry_clear": (None, []),
+    "dynemb_table_dim": (ctypes.c_int, [_P]),
+    "dynemb_table_row_floats": (ctypes.c_int, [_P]),
+    "dynemb_table_get_config": (None, [_P, ctypes.POINTER(TableConfig)]),
+    "dynemb_table_set_access_threshold": (ctypes.c_int, [_P, ctypes.c_uint32]),
+    "dynemb_table_set_eviction_threshold": (ctypes.c_int, [_P, ctypes.c_int64]),
+    "dynemb_table_get_stats": (None, [_P, ctypes.POINTER(TableStats)]),
+    "dynemb_table_size": (ctypes.c_uint64, [_P]),
+    "dynemb_table_capacity": (ctypes.c_uint64, [_P]),
+}
+for _name, (_res, _args) in _SIGS.items():
+    _f = getattr(clib, _name)
+    _f.restype, _f.argtypes = _res, _args
+
+
+class DynembError(RuntimeError):
+    """An engine call failed; ``code`` is the dynemb status code."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def check(rc: int, what: str = "") -> None:
+    """Raises DynembError with the engine's message when rc is not OK."""
+    if rc != OK:
+        msg = (clib.dynemb_last_error() or b"").decode("utf-8", "replace")
+        if not msg:
+            msg = clib.dynemb_strerror(rc).decode()
+        raise DynembError(rc, "dynemb%s: %s" % (" " + what if what else "", msg))
+
+
+def find_table(name: str) -> ctypes.c_void_p | None:
+    """A new reference to the registered table `name`, or None."""
+    h = _P()
+    if clib.dynemb_table_find(name.encode(), ctypes.byref(h)) != OK:
+        return None
+    return h
+
+
+def table_stats(name: str) -> dict[str, int]:
+    """The engine's counters for table `name` (see dynemb_table_stats)."""
+    h = find_table(name)
+    if h is None:
+        raise DynembError(ENOTFOUND, "dynemb: table '%s' is not registered in "
+                          "this process; create it with create_table()" % name)
+    try:
+        s = TableStats()
+        clib.dynemb_table_get_stats(h, ctypes.byref(s))
+        return {n: int(getattr(s, n)) for n in STATS_FIELDS}
+    finally:
+        clib.dynemb_table_release(h)

@@ -1,0 +1,1 @@
+"""Constants (mxRec: ``mx_rec.constants``)."""

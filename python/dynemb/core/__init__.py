@@ -1,0 +1,1 @@
+"""Tables, lookups and hooks (mxRec: ``mx_rec.core``)."""

@@ -1,0 +1,565 @@
+"""Dynamic embedding tables and lookups (mxRec: ``mx_rec.core.embedding``).
+
+A table lives in the C engine's process registry, keyed by name; it is
+created here (through ctypes) when the graph is built and found by name by
+the kernels when the graph runs. It outlives graphs: Estimator rebuilds the
+graph for train/eval/predict and calls create_table() again with the same
+arguments, which reuses the table. Per graph, each table gets:
+
+  * an "anchor": a scalar float constant fed to every lookup of the table.
+    The kernel ignores it; its gradient (registered below) is an
+    IndexedSlices whose indices are the int64 ids and values the gradient of
+    the looked-up rows, so ``tf.gradients(loss, sparse_variables)`` works as
+    in mxRec and the sparse optimizer turns it into DynembApply ops;
+  * a SaveableObject in SAVEABLE_OBJECTS, so tf.compat.v1.train.Saver (and
+    Estimator checkpoints) save and restore the table with its optimizer
+    slots and admission state.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import math
+import re
+import weakref
+import zlib
+from typing import Any, Optional
+
+import tensorflow as tf
+from tensorflow.python.training.saving import saveable_object
+
+from dynemb import _lib
+from dynemb.constants.constants import ASCEND_TIMESTAMP, DYNEMB_SPARSE_VARIABLES
+from dynemb.util import initialize
+from dynemb.util.log import logger
+
+# Tables this process holds a reference to: name -> engine handle.
+_HANDLES: dict[str, ctypes.c_void_p] = {}
+
+EXPORT_FIELDS = ("meta", "keys", "values", "last_access", "cand_keys",
+                 "cand_counts", "cand_last_access", "apply_steps")
+
+
+class _GraphState:
+    """What dynemb built in one graph."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, "EmbeddingTable"] = {}
+        self.anchors: dict[str, "EmbeddingTable"] = {}  # anchor tensor name
+        self.lookups: list[dict[str, Any]] = []
+        self.evict_configs: dict[str, dict[str, Any]] = {}
+
+
+_STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
+
+
+def graph_state(graph: Optional[tf.Graph] = None) -> _GraphState:
+    g = graph or tf.compat.v1.get_default_graph()
+    st = _STATES.get(g)
+    if st is None:
+        st = _STATES[g] = _GraphState()
+    return st
+
+
+# --------------------------------------------------------------------------
+# Initializers
+# --------------------------------------------------------------------------
+
+def _initializer_to_engine(init: Any, name: str, scale: float) -> tuple[int, float, float, Optional[int]]:
+    """Maps a TF initializer to (kind, a, b, seed); raises for others."""
+    if init is None:
+        raise ValueError("create_table('%s'): emb_initializer is required, e.g. "
+                         "tf.compat.v1.truncated_normal_initializer(stddev=0.05)" % name)
+    cls = type(init).__name__
+    cfg = init.get_config() if hasattr(init, "get_config") else {}
+    seed = cfg.get("seed")
+    if cls in ("Zeros", "ZerosV2"):
+        return _lib.INIT_ZEROS, 0.0, 0.0, seed
+    if cls in ("Ones", "OnesV2"):
+        return _lib.INIT_CONSTANT, 1.0 * scale, 0.0, seed
+    if cls in ("Constant", "ConstantV2"):
+        v = cfg.get("value", 0)
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            raise ValueError("create_table('%s'): constant_initializer must hold one "
+                             "scalar value for dynamic tables, got %r" % (name, v)) from None
+        return _lib.INIT_CONSTANT, v * scale, 0.0, seed
+    if cls in ("RandomUniform", "RandomUniformV2"):
+        return (_lib.INIT_UNIFORM, float(cfg.get("minval", -0.05)) * scale,
+                float(cfg.get("maxval", 0.05)) * scale, seed)
+    if cls in ("RandomNormal", "RandomNormalV2"):
+        return (_lib.INIT_NORMAL, float(cfg.get("mean", 0.0)) * scale,
+                float(cfg.get("stddev", 0.05)) * scale, seed)
+    if cls in ("TruncatedNormal", "TruncatedNormalV2"):
+        return (_lib.INIT_TRUNCATED_NORMAL, float(cfg.get("mean", 0.0)) * scale,
+                float(cfg.get("stddev", 0.05)) * scale, seed)
+    raise TypeError(
+        "create_table('%s'): emb_initializer %s is not supported for dynamic "
+        "tables; use zeros/ones/constant (scalar)/random_uniform/random_normal/"
+        "truncated_normal initializers" % (name, cls))
+
+
+# --------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------
+
+class EmbeddingTable:
+    """A dynamic embedding table as seen from one graph."""
+
+    def __init__(self, name: str, dim: int, key_dtype: tf.DType, optimizer: Any,
+                 graph: tf.Graph, is_save: bool):
+        self.table_name = name
+        self.name = name
+        self.dim = dim
+        self.emb_size = dim
+        self.scalar_emb_size = dim
+        self.key_dtype = key_dtype
+        self.optimizer = optimizer
+        self.optimizer_list = [optimizer] if optimizer is not None else []
+        self.graph = graph
+        self.is_save = is_save
+        self.access_and_evict_config: Optional[dict[str, Any]] = None
+        with graph.as_default(), graph.name_scope(None):
+            self.anchor = tf.constant(0.0, dtype=tf.float32,
+                                      name=_op_name(name) + "_dynemb_anchor")
+        # mxRec code reads table.variable; the anchor plays that role.
+        self.variable = self.anchor
+
+    def size(self) -> int:
+        """Rows (admitted ids) in the table now."""
+        return _lib.table_stats(self.table_name)["size"]
+
+    def capacity(self) -> int:
+        """Row slots allocated now."""
+        return _lib.table_stats(self.table_name)["capacity"]
+
+    def stats(self) -> dict[str, int]:
+        """Every engine counter (size, lookups, hits, evicted, ...)."""
+        return _lib.table_stats(self.table_name)
+
+    def stats_op(self) -> tf.Tensor:
+        """A tensor with the counters (order: dynemb._lib.STATS_FIELDS)."""
+        return _lib.ops.dynemb_stats(table_name=self.table_name)
+
+    def evict_op(self, now: Any) -> tf.Tensor:
+        """An op removing rows idle for more than eviction_threshold."""
+        return _lib.ops.dynemb_evict(now=tf.cast(now, tf.int64), table_name=self.table_name)
+
+    def export_op(self) -> Any:
+        """The table's contents as tensors (see EXPORT_FIELDS)."""
+        return _lib.ops.dynemb_export(table_name=self.table_name)
+
+    def __repr__(self) -> str:
+        return "<dynemb table %r dim=%d>" % (self.table_name, self.dim)
+
+
+def _require_graph_mode(what: str) -> None:
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "dynemb: %s needs graph mode, as mxRec scripts use it: call "
+            "tf.compat.v1.disable_eager_execution() at the start, or build the model "
+            "inside `with tf.Graph().as_default():` (Estimator does this)" % what)
+
+
+def _op_name(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
+    return s if re.match(r"[A-Za-z0-9.]", s) else "t" + s
+
+
+def _config_fields(c: _lib.TableConfig) -> dict[str, Any]:
+    """Comparable fields of an engine config (run-time knobs excluded)."""
+    o = c.optimizer
+    return {
+        "dim": c.dim,
+        "initializer": (c.init.kind, c.init.a, c.init.b, c.init.seed),
+        "optimizer": (o.kind, o.initial_accumulator_value, o.beta1, o.beta2,
+                      o.epsilon, o.learning_rate_power, o.l1, o.l2, o.l2_shrinkage),
+        "device_vocabulary_size": c.device_vocabulary_size,
+        "host_vocabulary_size": c.host_vocabulary_size,
+        "ssd_vocabulary_size": c.ssd_vocabulary_size,
+        "nonfinite_policy": c.nonfinite_policy,
+    }
+
+
+def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
+                 device_vocabulary_size: int = 1, host_vocabulary_size: int = 0,
+                 ssd_vocabulary_size: int = 0, ssd_data_path: Any = (),
+                 optimizer_list: Optional[list] = None, is_save: bool = True,
+                 init_param: float = 1.0, all2all_gradients_op: Any = "sum_gradients",
+                 value_dtype: Any = tf.float32, shard_num: int = 1,
+                 fusion_optimizer_var: bool = True, hashtable_threshold: int = 0,
+                 mode: Any = None, nonfinite_policy: str = "error") -> EmbeddingTable:
+    """Creates (or, with an identical configuration, reuses) a dynamic table.
+
+    dim: int or tf.TensorShape([dim]). Tables need no preset size: with
+    ``init(use_dynamic_expansion=True)`` or a host/SSD tier
+    (host_vocabulary_size > 0) they grow on demand; a device-only table
+    without dynamic expansion holds at most device_vocabulary_size rows.
+    optimizer_list: [sparse optimizer] -- the row layout (slots) depends on it.
+    nonfinite_policy (dynemb only): 'error' rejects a batch whose gradients
+    hold NaN/Inf, 'skip' drops those ids' updates and counts them.
+    """
+    del all2all_gradients_op, shard_num, fusion_optimizer_var, hashtable_threshold, mode
+    cfg_init = initialize.require_init("create_table('%s')" % name)
+    _require_graph_mode("create_table('%s')" % name)
+    if nonfinite_policy not in ("error", "skip"):
+        raise ValueError("create_table('%s'): nonfinite_policy must be 'error' (reject a "
+                         "batch with NaN/Inf gradients) or 'skip' (skip those ids)" % name)
+    if not isinstance(name, str) or not name:
+        raise ValueError("create_table: name must be a non-empty string, got %r" % (name,))
+    key_dtype = tf.as_dtype(key_dtype)
+    if key_dtype not in (tf.int32, tf.int64):
+        raise TypeError("create_table('%s'): key_dtype must be tf.int64 or tf.int32, "
+                        "got %s" % (name, key_dtype.name))
+    if tf.as_dtype(value_dtype) != tf.float32:
+        raise TypeError("create_table('%s'): value_dtype must be tf.float32" % name)
+    if isinstance(dim, tf.TensorShape):
+        if dim.rank != 1 or dim[0] is None:
+            raise ValueError("create_table('%s'): dim as tf.TensorShape must be "
+                             "[dim], got %s" % (name, dim))
+        dim = int(dim[0])
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 65536:
+        raise ValueError("create_table('%s'): dim must be an int in [1, 65536], "
+                         "got %r" % (name, dim))
+    if optimizer_list is None:
+        optimizer_list = []
+    if not isinstance(optimizer_list, (list, tuple)):
+        optimizer_list = [optimizer_list]
+    if len(optimizer_list) > 1:
+        raise ValueError("create_table('%s'): one sparse optimizer per table is "
+                         "supported, got %d in optimizer_list" % (name, len(optimizer_list)))
+    opt = optimizer_list[0] if optimizer_list else None
+    if opt is not None and not hasattr(opt, "_engine_optimizer"):
+        raise TypeError("create_table('%s'): optimizer_list must hold a dynemb sparse "
+                        "optimizer (dynemb.optimizers.<kind>.create_hash_optimizer), "
+                        "got %s" % (name, type(opt).__name__))
+    for field, v in (("device_vocabulary_size", device_vocabulary_size),
+                     ("host_vocabulary_size", host_vocabulary_size),
+                     ("ssd_vocabulary_size", ssd_vocabulary_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError("create_table('%s'): %s must be a non-negative int, "
+                             "got %r" % (name, field, v))
+    if not (isinstance(init_param, (int, float)) and math.isfinite(init_param)):
+        raise ValueError("create_table('%s'): init_param must be a finite number" % name)
+
+    graph = tf.compat.v1.get_default_graph()
+    st = graph_state(graph)
+    if name in st.tables:
+        raise ValueError(
+            "create_table: a table named '%s' was already created in this graph; "
+            "reuse the object create_table returned, or pick another name" % name)
+
+    c = _lib.TableConfig()
+    _lib.clib.dynemb_table_config_init(ctypes.byref(c))
+    name_b = name.encode()
+    c.name = name_b
+    c.dim = dim
+    kind, a, b, seed = _initializer_to_engine(emb_initializer, name, float(init_param))
+    c.init.kind, c.init.a, c.init.b = kind, a, b
+    c.init.seed = (int(seed) & (2**64 - 1)) if seed is not None else zlib.crc32(name_b)
+    if opt is not None:
+        opt._engine_optimizer(c.optimizer)
+    c.nonfinite_policy = 0 if nonfinite_policy == "error" else 1
+    # Tiers: every row lives in host memory in this version (the engine's
+    # device tier comes later). A device-only table without dynamic
+    # expansion is fixed at device_vocabulary_size rows, as in mxRec; with
+    # a host (or SSD) tier, or dynamic expansion, the table grows on demand.
+    if not (initialize.get_use_dynamic_expansion() or host_vocabulary_size or ssd_vocabulary_size):
+        c.host_vocabulary_size = device_vocabulary_size
+    c.ssd_vocabulary_size = ssd_vocabulary_size
+    ssd_path = None
+    if ssd_vocabulary_size:
+        paths = [ssd_data_path] if isinstance(ssd_data_path, str) else list(ssd_data_path or ())
+        if not paths:
+            raise ValueError("create_table('%s'): ssd_vocabulary_size > 0 needs "
+                             "ssd_data_path (a directory)" % name)
+        ssd_path = str(paths[0]).encode()
+        c.ssd_data_path = ssd_path
+    del cfg_init
+
+    h = _lib.find_table(name)
+    if h is not None:  # the table exists in this process: same config?
+        try:
+            old = _lib.TableConfig()
+            _lib.clib.dynemb_table_get_config(h, ctypes.byref(old))
+            want, have = _config_fields(c), _config_fields(old)
+            diff = [k for k in want if want[k] != have[k]]
+            if diff:
+                raise ValueError(
+                    "create_table: table '%s' already exists in this process with a "
+                    "different configuration (%s: existing %s, requested %s); use "
+                    "another name, or drop it first with dynemb.drop_table('%s')"
+                    % (name, diff[0], have[diff[0]], want[diff[0]], name))
+        finally:
+            _lib.clib.dynemb_table_release(h)
+        logger.debug("create_table('%s'): reusing the existing table", name)
+    else:
+        h = ctypes.c_void_p()
+        _lib.check(_lib.clib.dynemb_table_create(ctypes.byref(c), ctypes.byref(h)),
+                   "create_table('%s')" % name)
+        _HANDLES[name] = h
+
+    table = EmbeddingTable(name, dim, key_dtype, opt, graph, is_save)
+    st.tables[name] = table
+    st.anchors[table.anchor.name] = table
+    graph.add_to_collection(DYNEMB_SPARSE_VARIABLES, table.anchor)
+    if is_save:
+        graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
+                                TableSaveable(table))
+    return table
+
+
+def drop_table(name: str) -> None:
+    """Removes table `name` from the process (its memory is freed once no
+    running op uses it). Graphs that refer to it fail with a clear error."""
+    h = _HANDLES.pop(name, None)
+    if h is not None:
+        _lib.clib.dynemb_table_release(h)
+    _lib.check(_lib.clib.dynemb_table_drop(name.encode()), "drop_table('%s')" % name)
+
+
+def clear_tables() -> None:
+    """Removes every table from the process (tests, notebooks)."""
+    for h in _HANDLES.values():
+        _lib.clib.dynemb_table_release(h)
+    _HANDLES.clear()
+    _lib.clib.dynemb_registry_clear()
+
+
+def table_for_variable(var: Any) -> EmbeddingTable:
+    """The table whose sparse variable (anchor) is `var`."""
+    name = getattr(var, "name", None)
+    graph = getattr(var, "graph", None)
+    st = _STATES.get(graph) if graph is not None else None
+    if st is None or name not in st.anchors:
+        raise ValueError(
+            "dynemb: %r is not a dynemb sparse variable; pass the sparse variables "
+            "from get_dense_and_sparse_variable() (and dense variables to a TF "
+            "optimizer)" % (name or var,))
+    return st.anchors[name]
+
+
+# --------------------------------------------------------------------------
+# Saver integration
+# --------------------------------------------------------------------------
+
+class TableSaveable(saveable_object.SaveableObject):
+    """Saves a table (rows, optimizer slots, admission candidates, Adam's step
+    count) as eight checkpoint tensors ``dynemb/<table>/<field>``; restoring
+    replaces the table's contents."""
+
+    def __init__(self, table: EmbeddingTable):
+        self.table_name = table.table_name
+        with table.graph.as_default(), table.graph.name_scope(None), \
+                tf.name_scope(_op_name(table.table_name) + "_dynemb_save"):
+            exported = _lib.ops.dynemb_export(table_name=table.table_name)
+        specs = [saveable_object.SaveSpec(t, "", "dynemb/%s/%s" % (table.table_name, f))
+                 for f, t in zip(EXPORT_FIELDS, exported)]
+        super().__init__(exported[0].op, specs, "dynemb/" + table.table_name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        kw = dict(zip(EXPORT_FIELDS, restored_tensors))
+        return _lib.ops.dynemb_import(table_name=self.table_name,
+                                      flags=_lib.IMPORT_REPLACE, **kw).op
+
+
+# --------------------------------------------------------------------------
+# Lookups
+# --------------------------------------------------------------------------
+
+@tf.RegisterGradient("DynembLookup")
+def _lookup_grad(op: tf.Operation, grad: Any) -> list:
+    """d(loss)/d(anchor) as IndexedSlices(values=d(loss)/d(rows), indices=ids)."""
+    keys = tf.reshape(op.inputs[0], [-1])
+    if keys.dtype != tf.int64:
+        keys = tf.cast(keys, tf.int64)
+    values = tf.convert_to_tensor(grad)
+    return [None, None, tf.IndexedSlices(values, keys)]
+
+
+_EVICT_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient",
+               "eviction_clock")
+
+
+def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[dict]:
+    if cfg is None:
+        return None
+    if not isinstance(cfg, dict):
+        raise TypeError("sparse_lookup('%s'): access_and_evict_config must be a dict "
+                        "like {'access_threshold': 2, 'eviction_threshold': 100}"
+                        % table.table_name)
+    bad = sorted(set(cfg) - set(_EVICT_KEYS))
+    if bad:
+        raise ValueError("sparse_lookup('%s'): unknown access_and_evict_config keys %s; "
+                         "known: %s" % (table.table_name, bad, list(_EVICT_KEYS)))
+    out = {"access_threshold": cfg.get("access_threshold", 0),
+           "eviction_threshold": cfg.get("eviction_threshold", 0),
+           "eviction_clock": cfg.get("eviction_clock", "step")}
+    for k in ("access_threshold", "eviction_threshold"):
+        v = out[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (
+                k == "access_threshold" and v > 2**32 - 1):
+            raise ValueError("sparse_lookup('%s'): %s must be an int >= 0, got %r"
+                             % (table.table_name, k, v))
+    if out["eviction_clock"] not in ("step", "wall"):
+        raise ValueError("sparse_lookup('%s'): eviction_clock must be 'step' (global "
+                         "steps) or 'wall' (seconds)" % table.table_name)
+    return out
+
+
+def _now_tensor(table: EmbeddingTable, evict_cfg: Optional[dict]) -> tf.Tensor:
+    """The clock stamped on accessed rows: data time (ASCEND_TIMESTAMP),
+    wall seconds, or the global step."""
+    ts = tf.compat.v1.get_collection(ASCEND_TIMESTAMP)
+    if ts:
+        return tf.reduce_max(tf.cast(ts[-1], tf.int64))
+    if evict_cfg and evict_cfg["eviction_clock"] == "wall":
+        return tf.cast(tf.timestamp(), tf.int64)
+    gs = tf.compat.v1.train.get_global_step()
+    if gs is None and evict_cfg and evict_cfg["eviction_threshold"]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+    if gs is None:
+        return tf.constant(0, tf.int64)
+    return tf.cast(tf.identity(gs), tf.int64)
+
+
+def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int] = None,
+                  is_train: bool = True, name: Optional[str] = None,
+                  modify_graph: bool = False, batch: Any = None,
+                  access_and_evict_config: Optional[dict] = None, is_grad: bool = True,
+                  serving_default_value: Any = None, **kwargs: Any) -> tf.Tensor:
+    """Looks up `ids` (int32/int64 tensor of any shape) -> ids.shape + [dim].
+
+    is_train: train lookups insert new ids (subject to admission) and stamp
+    their access time; eval lookups read unknown ids as the default value.
+    send_count: the static number of ids per step (gives a static shape).
+    access_and_evict_config: {'access_threshold': n, 'eviction_threshold': t}.
+    """
+    del batch
+    if kwargs:
+        raise TypeError("sparse_lookup: unexpected arguments %s" % sorted(kwargs))
+    if not isinstance(hashtable, EmbeddingTable):
+        raise TypeError("sparse_lookup: hashtable must be a table from create_table(), "
+                        "got %s" % type(hashtable).__name__)
+    tname = hashtable.table_name
+    initialize.require_init("sparse_lookup('%s')" % tname)
+    _require_graph_mode("sparse_lookup('%s')" % tname)
+    graph = tf.compat.v1.get_default_graph()
+    if hashtable.graph is not graph:
+        raise ValueError("sparse_lookup('%s'): the table was created in another graph; "
+                         "call create_table() again inside this graph (same arguments "
+                         "reuse the table)" % tname)
+    if serving_default_value is not None:
+        raise NotImplementedError(
+            "sparse_lookup('%s'): serving_default_value needs an engine setter for a "
+            "table's default value, which this version lacks; ids without a row read "
+            "zeros" % tname)
+    if not hasattr(ids, "dtype") or isinstance(ids, (list, tuple)):
+        if type(ids).__name__ == "FeatureSpec":
+            raise NotImplementedError("sparse_lookup('%s'): FeatureSpec input needs the "
+                                      "dynemb.core.asc pipeline, not in this build" % tname)
+        ids = tf.convert_to_tensor(ids)
+    ids = tf.convert_to_tensor(ids)
+    if ids.dtype not in (tf.int32, tf.int64):
+        raise TypeError("sparse_lookup('%s'): ids must be int32 or int64, got %s; convert "
+                        "them with tf.cast(ids, tf.int64) (float ids are not exact above "
+                        "2^24)" % (tname, ids.dtype.name))
+    evict_cfg = _check_evict_config(hashtable, access_and_evict_config)
+    st = graph_state(graph)
+    if evict_cfg is not None:
+        prev = st.evict_configs.get(tname)
+        if prev is not None and prev != evict_cfg:
+            raise ValueError("sparse_lookup('%s'): access_and_evict_config %s differs from "
+                             "the one of an earlier lookup of this table (%s); give every "
+                             "lookup of a table the same config" % (tname, evict_cfg, prev))
+        st.evict_configs[tname] = evict_cfg
+        hashtable.access_and_evict_config = evict_cfg
+        h = _lib.find_table(tname)
+        if h is None:
+            raise ValueError("sparse_lookup('%s'): the table is no longer registered "
+                             "(dropped?); create it again" % tname)
+        try:
+            _lib.check(_lib.clib.dynemb_table_set_access_threshold(
+                h, evict_cfg["access_threshold"]), "sparse_lookup('%s')" % tname)
+            _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
+                h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
+        finally:
+            _lib.clib.dynemb_table_release(h)
+    dim = hashtable.dim
+    with tf.name_scope(name or _op_name(tname) + "_lookup"):
+        if send_count is not None:
+            ids = _static_ids(ids, int(send_count), tname)
+        now = _now_tensor(hashtable, evict_cfg)
+        emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
+                                     table_name=tname, is_train=bool(is_train))
+        emb.set_shape([ids.shape.num_elements(), dim])
+        if not (is_train and is_grad):
+            emb = tf.stop_gradient(emb)
+        if ids.shape.rank == 1:
+            out = emb
+        else:
+            out = tf.reshape(emb, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], 0))
+        out.set_shape(ids.shape.concatenate([dim]))
+    st.lookups.append({"table": hashtable, "ids": ids, "output": out,
+                       "op": emb.op, "is_train": bool(is_train),
+                       "modify_graph": bool(modify_graph), "send_count": send_count})
+    return out
+
+
+def _static_ids(ids: tf.Tensor, send_count: int, tname: str) -> tf.Tensor:
+    """Gives `ids` a static shape with send_count elements (checked at run time)."""
+    if send_count <= 0:
+        raise ValueError("sparse_lookup('%s'): send_count must be > 0" % tname)
+    shape = ids.shape.as_list() if ids.shape.rank is not None else [None]
+    unknown = [i for i, d in enumerate(shape) if d is None]
+    known = int(math.prod(d for d in shape if d is not None))
+    if not unknown:
+        if known != send_count:
+            raise ValueError("sparse_lookup('%s'): ids have %d elements but send_count is "
+                             "%d" % (tname, known, send_count))
+        return ids
+    if len(unknown) > 1 or send_count % max(known, 1):
+        raise ValueError("sparse_lookup('%s'): cannot give ids of shape %s a static shape "
+                         "with send_count=%d; reshape ids so that only one dimension is "
+                         "unknown" % (tname, ids.shape, send_count))
+    shape[unknown[0]] = send_count // max(known, 1)
+    return tf.ensure_shape(ids, shape)
+
+
+def set_access_threshold(threshold: int, emb_name: Optional[str] = None,
+                         ids_name: Optional[str] = None) -> None:
+    """Changes the admission threshold of a table at run time."""
+    if ids_name is not None and emb_name is None:
+        raise NotImplementedError("set_threshold(ids_name=%r): FeatureSpec names need the "
+                                  "dynemb.core.asc pipeline; pass emb_name" % ids_name)
+    names = [emb_name] if emb_name else sorted(_HANDLES)
+    for n in names:
+        h = _lib.find_table(n)
+        if h is None:
+            raise ValueError("set_threshold: no table named '%s'" % n)
+        try:
+            _lib.check(_lib.clib.dynemb_table_set_access_threshold(h, int(threshold)),
+                       "set_threshold('%s')" % n)
+        finally:
+            _lib.clib.dynemb_table_release(h)
+
+
+def pipeline_initializer(is_training: bool) -> tf.Operation:
+    """get_initializer(): plain lookups need no input pipeline, so a no-op."""
+    return tf.no_op(name="dynemb_initializer_%s" % ("train" if is_training else "eval"))
+
+
+def sparse_variables(graph: Optional[tf.Graph] = None) -> list:
+    g = graph or tf.compat.v1.get_default_graph()
+    return list(g.get_collection(DYNEMB_SPARSE_VARIABLES))
+
+
+def _shutdown() -> None:
+    for h in _HANDLES.values():
+        _lib.clib.dynemb_table_release(h)
+    _HANDLES.clear()
+
+
+atexit.register(_shutdown)

@@ -1,0 +1,309 @@
+"""Automatic graph modification (mxRec: ``mx_rec.graph.modifier``).
+
+The user builds an ordinary TensorFlow graph: a tf.data iterator, lookups with
+``sparse_lookup(..., modify_graph=True)``, a train op. Then, before the first
+``session.run``, ``modify_graph_and_start_emb_cache()`` (or ``GraphModifierHook``
+with an Estimator):
+
+1. traces every such lookup's ids back to the iterator's ``get_next`` op,
+   through whatever the graph computes on the way (casts, reshapes, arithmetic,
+   slicing, hashing: see dynemb.graph.trace);
+2. rebuilds each train iterator's pipeline as ``dataset.map(prepare).prefetch(2)``
+   where ``prepare`` recomputes those ids and sends them to the engine
+   (``DynembPrepare``: admission counting, row insertion, last-access stamps) in
+   tf.data's threads, ahead of the step, and appends the per-id ``admitted``
+   masks and the batch's trainable keys to the element (dynemb.graph.pipeline);
+3. rewires the graph: every consumer of the old ``get_next`` reads the new one,
+   lookups become read-only and masked, apply ops drop gradients of ids that were
+   not admitted as of their batch (dynemb.graph.rewrite).
+
+``get_initializer(True/False)`` then returns the train/eval pipelines'
+initializers; running the iterator's own initializer works too (it is chained).
+Only the current default graph is supported, as in mxRec.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+import tensorflow as tf
+
+from dynemb import _lib
+from dynemb.core import embedding
+from dynemb.graph import rewrite
+from dynemb.graph.pipeline import PipelineError, extend_iterator
+from dynemb.graph.rewrite import GraphModificationError
+from dynemb.graph.trace import Trace, TraceError, replay, trace_to_iterator
+from dynemb.util.log import logger
+
+DEFAULT_PREFETCH = 2
+DUMP_DIR_ENV = "DYNEMB_GRAPH_DUMP_DIR"
+DEFAULT_DUMP_DIR = "dynemb_graph_dump"
+
+__all__ = ["GraphModifierHook", "GraphModificationError", "get_initializer",
+           "modify_graph_and_start_emb_cache"]
+
+
+@dataclass
+class _ModifierState:
+    """What modification did to one graph."""
+    done: set = field(default_factory=set)  # names of rewritten lookup ops
+    initializers: Dict[bool, List[tf.Operation]] = field(
+        default_factory=lambda: {True: [], False: []})
+    one_shot: Dict[bool, bool] = field(default_factory=lambda: {True: False, False: False})
+    # table name -> sorted trainable-key tensors (one per pipeline feeding it)
+    trainable: Dict[str, List[tf.Tensor]] = field(default_factory=dict)
+
+
+_STATES: "weakref.WeakKeyDictionary[tf.Graph, _ModifierState]" = weakref.WeakKeyDictionary()
+
+
+def _state(graph: tf.Graph) -> _ModifierState:
+    st = _STATES.get(graph)
+    if st is None:
+        st = _STATES[graph] = _ModifierState()
+    return st
+
+
+@dataclass
+class _Lookup:
+    record: Dict[str, Any]
+    trace: Trace
+
+    @property
+    def op(self) -> tf.Operation:
+        return self.record["op"]
+
+    @property
+    def table(self):
+        return self.record["table"]
+
+    @property
+    def table_name(self) -> str:
+        return self.record["table"].table_name
+
+    @property
+    def is_train(self) -> bool:
+        return bool(self.record["is_train"])
+
+
+def _pending(graph: tf.Graph) -> List[Dict[str, Any]]:
+    done = _STATES[graph].done if graph in _STATES else set()
+    return [r for r in embedding.graph_state(graph).lookups
+            if r.get("modify_graph") and r["op"].name not in done]
+
+
+def _check_default_graph(full_graph: Optional[tf.Graph]) -> tf.Graph:
+    graph = tf.compat.v1.get_default_graph()
+    if full_graph is not None and full_graph is not graph:
+        raise GraphModificationError(
+            "modify_graph_and_start_emb_cache: automatic graph modification only "
+            "supports the default graph; call it inside `with full_graph.as_default():` "
+            "or build the model in the default graph")
+    if not _pending(graph):
+        others = [g for g in list(embedding._STATES.keys())  # pylint: disable=protected-access
+                  if g is not graph and _pending(g)]
+        if others:
+            raise GraphModificationError(
+                "modify_graph_and_start_emb_cache: the sparse_lookup(..., modify_graph=True) "
+                "calls were made in a graph that is not the default graph. Automatic graph "
+                "modification only supports the default graph (as mxRec): build the model "
+                "in tf.compat.v1.get_default_graph(), or call this function inside "
+                "`with that_graph.as_default():`")
+    if graph.finalized:
+        raise GraphModificationError(
+            "modify_graph_and_start_emb_cache: the default graph is finalized (a "
+            "MonitoredSession or Estimator already started); call it before creating the "
+            "session, or pass GraphModifierHook() to the Estimator / MonitoredSession")
+    return graph
+
+
+def _dump(graph: tf.Graph, dump_graph: Union[bool, str], stage: str) -> Optional[str]:
+    if not dump_graph:
+        return None
+    directory = dump_graph if isinstance(dump_graph, str) else \
+        os.environ.get(DUMP_DIR_ENV, DEFAULT_DUMP_DIR)
+    path = tf.io.write_graph(graph.as_graph_def(add_shapes=True), directory,
+                             f"{stage}_modify_graph.pbtxt", as_text=True)
+    logger.info("automatic graph modification: graph %s modification written to %s",
+                stage, path)
+    return path
+
+
+def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
+                                     dump_graph: Union[bool, str] = False,
+                                     prefetch: int = DEFAULT_PREFETCH) -> None:
+    """Rewrites the default graph for its ``sparse_lookup(..., modify_graph=True)``
+    lookups (see the module docstring). Call it once the model, loss and train op
+    are built and before the first ``session.run``; then run
+    ``get_initializer(True)`` (train) / ``get_initializer(False)`` (eval) instead of
+    the iterators' initializers.
+
+    dump_graph: True writes the graph before and after the modification as text
+    (``$DYNEMB_GRAPH_DUMP_DIR`` or ``./dynemb_graph_dump``); a string is the
+    directory. prefetch: how many batches the pipeline may prepare ahead.
+    Calling it again processes only lookups added since.
+    """
+    graph = _check_default_graph(full_graph)
+    records = _pending(graph)
+    if not records:
+        logger.info("modify_graph_and_start_emb_cache: no sparse_lookup(..., "
+                    "modify_graph=True) left to modify in the default graph")
+        return
+    _dump(graph, dump_graph, "before")
+
+    # 1. Trace everything first: an error leaves the graph untouched.
+    lookups: List[_Lookup] = []
+    for r in records:
+        what = (f"ids of lookup '{r['op'].name}' (table '{r['table'].table_name}', "
+                f"sparse_lookup(..., modify_graph=True))")
+        try:
+            lookups.append(_Lookup(r, trace_to_iterator(r["ids"], what)))
+        except TraceError as e:
+            raise GraphModificationError(str(e)) from None
+    _check_table_modes(graph, lookups)
+    groups: "OrderedDict[str, List[_Lookup]]" = OrderedDict()
+    for lk in lookups:
+        groups.setdefault(lk.trace.get_next.name, []).append(lk)
+    clocks = {}
+    for name, group in groups.items():
+        for lk in group:
+            if lk.is_train and (name, lk.table_name) not in clocks:
+                clocks[(name, lk.table_name)] = rewrite.pipeline_now(
+                    lk.op.inputs[1], lk.trace.get_next, lk.table_name,
+                    rewrite.table_evicts(lk.table_name))
+    if any(lk.is_train for lk in lookups) and not hasattr(_lib.ops, "dynemb_prepare"):
+        raise GraphModificationError("modify_graph_and_start_emb_cache: " + rewrite.NEEDS_PREPARE)
+
+    # 2. Rebuild the pipelines and rewrite the lookups.
+    st = _state(graph)
+    for name, group in groups.items():
+        train = [lk for lk in group if lk.is_train]
+        get_next = group[0].trace.get_next
+        if not train:  # eval-only iterator: nothing to send ahead
+            _register_unchanged(st, get_next)
+        else:
+            _rebuild(st, graph, name, get_next, train, clocks, prefetch)
+        for lk in group:
+            st.done.add(lk.op.name)
+    for table, keys in st.trainable.items():
+        n = rewrite.filter_applies(graph, table, keys)
+        if not n:
+            logger.warning("automatic graph modification: table '%s' has no apply op yet; "
+                           "build the train op before calling "
+                           "modify_graph_and_start_emb_cache() so that gradients of ids "
+                           "not admitted yet are dropped", table)
+    _dump(graph, dump_graph, "after")
+    logger.info("automatic graph modification: %d lookup(s) on %d iterator(s) rewritten",
+                len(lookups), len(groups))
+
+
+def _check_table_modes(graph: tf.Graph, lookups: List[_Lookup]) -> None:
+    """A table's train lookups must all be prepared ones (the apply filter keeps
+    only ids the pipelines admitted)."""
+    modified = {lk.table_name for lk in lookups if lk.is_train}
+    for r in embedding.graph_state(graph).lookups:
+        if r["is_train"] and not r.get("modify_graph") and \
+                r["table"].table_name in modified:
+            raise GraphModificationError(
+                f"table '{r['table'].table_name}' has train lookups with and without "
+                f"modify_graph=True (plain lookup '{r['op'].name}'); give all train "
+                f"lookups of a table the same mode")
+
+
+def _register_unchanged(st: _ModifierState, get_next: tf.Operation) -> None:
+    it = get_next.inputs[0]
+    makers = [c for c in it.consumers() if c.type == "MakeIterator"]
+    st.initializers[False].extend(makers)
+    if it.op.type == "OneShotIterator":
+        st.one_shot[False] = True
+
+
+def _rebuild(st: _ModifierState, graph: tf.Graph, name: str, get_next: tf.Operation,
+             train: List[_Lookup], clocks: Dict, prefetch: int) -> None:
+    tables = list(OrderedDict((lk.table_name, None) for lk in train))
+
+    def extra_fn(components: List[tf.Tensor]) -> List[tf.Tensor]:
+        admitted, per_table_ids, per_table_adm = [], {t: [] for t in tables}, \
+            {t: [] for t in tables}
+        previous: Dict[str, tf.Tensor] = {}
+        nows = {t: clocks[(name, t)](components) for t in tables}
+        for lk in train:
+            ids = replay(lk.trace, components)
+            deps = [previous[lk.table_name]] if lk.table_name in previous else []
+            with tf.control_dependencies(deps):  # a table's ids are counted in order
+                adm = rewrite.prepare(lk.table_name, ids, nows[lk.table_name])
+            previous[lk.table_name] = adm
+            admitted.append(adm)
+            per_table_ids[lk.table_name].append(ids)
+            per_table_adm[lk.table_name].append(adm)
+        keys = [rewrite.trainable_keys(per_table_ids[t], per_table_adm[t]) for t in tables]
+        return admitted + keys
+
+    try:
+        ext = extend_iterator(get_next, extra_fn, prefetch=prefetch,
+                              name="dynemb_pipeline_" + get_next.name.replace("/", "_"))
+    except PipelineError as e:
+        raise GraphModificationError(str(e)) from None
+    admitted, keys = ext.extras[:len(train)], ext.extras[len(train):]
+    for lk, adm in zip(train, admitted):
+        rewrite.rewrite_lookup(lk.op, adm, lk.table_name, lk.table.dim)
+    for t, k in zip(tables, keys):
+        st.trainable.setdefault(t, []).append(k)
+    if ext.one_shot:
+        st.one_shot[True] = True
+    st.initializers[True].extend(ext.initializers)
+
+
+def get_initializer(is_training: bool = True) -> tf.Operation:
+    """The initializer of the rebuilt train (True) or eval (False) pipelines of the
+    default graph: run it where the script ran ``iterator.initializer``.
+
+    A no-op when the graph has no modify_graph lookups of that kind or when its
+    iterators are one-shot (they start themselves).
+    """
+    graph = tf.compat.v1.get_default_graph()
+    mode = "train" if is_training else "eval"
+    wanted = [r for r in embedding.graph_state(graph).lookups
+              if r.get("modify_graph") and bool(r["is_train"]) == bool(is_training)]
+    st = _STATES.get(graph)
+    if wanted and (st is None or any(r["op"].name not in st.done for r in wanted)):
+        raise GraphModificationError(
+            f"get_initializer({bool(is_training)}): the graph has {mode} lookups with "
+            f"modify_graph=True that were not modified yet; call "
+            f"modify_graph_and_start_emb_cache() first (after building the model and the "
+            f"train op, before creating the session)")
+    inits = list(st.initializers[bool(is_training)]) if st else []
+    if not inits:
+        return tf.no_op(name=f"dynemb_{mode}_initializer")
+    if len(inits) == 1:
+        return inits[0]
+    return tf.group(*inits, name=f"dynemb_{mode}_initializer")
+
+
+class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
+    """Estimator / MonitoredSession hook running the modification in ``begin()``.
+
+    Add it to ``estimator.train/evaluate/predict(hooks=[...])`` (or the train and
+    eval specs of ``train_and_evaluate``). Estimator's own dataset hook runs the
+    iterator's initializer, which is chained to the rebuilt pipeline.
+    modify_graph=False runs the FeatureSpec pipeline's start instead.
+    """
+
+    def __init__(self, dump_graph: Union[bool, str] = False, modify_graph: bool = True,
+                 prefetch: int = DEFAULT_PREFETCH):
+        self._dump_graph = dump_graph
+        self._modify_graph = modify_graph
+        self._prefetch = prefetch
+
+    def begin(self) -> None:
+        if self._modify_graph:
+            modify_graph_and_start_emb_cache(dump_graph=self._dump_graph,
+                                             prefetch=self._prefetch)
+        else:
+            from dynemb.core.asc.manager import start_asc_pipeline
+            start_asc_pipeline()

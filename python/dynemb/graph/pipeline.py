@@ -1,0 +1,142 @@
+"""Rebuilding a tf.data iterator with extra, precomputed components.
+
+Given the ``IteratorGetNext`` op of a user's iterator, `extend_iterator`:
+
+1. recovers the dataset the iterator reads: for ``make_initializable_iterator``
+   (and ``Iterator.from_structure`` + ``make_initializer``) the dataset variant
+   tensor given to its ``MakeIterator`` op; for ``make_one_shot_iterator`` the
+   ``OneShotIterator``'s ``dataset_factory`` function, called through a
+   ``StatefulPartitionedCall``. The variant becomes a Dataset again with
+   ``tf.data.experimental.from_variant`` and the flat element signature read from
+   the ``IteratorGetNext`` op;
+2. builds ``dataset.map(fn).prefetch(n)`` where ``fn`` returns the original flat
+   components followed by the extra ones (computed in tf.data's threads, ahead of
+   the training step), and a new iterator of the same kind over it;
+3. moves every consumer of the old ``get_next`` outputs to the new ones
+   (``Operation._update_input``; must happen before the graph first runs), and
+   chains the new initializer to the old one (a control input of the old
+   ``MakeIterator``), so that ``sess.run(iterator.initializer)`` or Estimator's
+   own dataset hook still initializes what the graph now reads.
+
+Fetching the old ``get_next`` tensors directly (``sess.run(next_batch)``) still
+reads the old iterator: those fetches are not graph edges and cannot be moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Sequence
+
+import tensorflow as tf
+from tensorflow.python.ops import gen_functional_ops
+
+ExtraFn = Callable[[List[tf.Tensor]], List[tf.Tensor]]
+
+
+class PipelineError(ValueError):
+    """An iterator's input pipeline cannot be rebuilt."""
+
+
+@dataclass
+class ExtendedIterator:
+    old_get_next: tf.Operation
+    new_get_next: tf.Operation
+    extras: List[tf.Tensor]              # new get_next outputs after the old ones
+    initializers: List[tf.Operation]     # one per dataset; empty for one-shot iterators
+    one_shot: bool
+
+    @property
+    def iterator_name(self) -> str:
+        return self.old_get_next.inputs[0].op.name
+
+
+def _element_spec(get_next: tf.Operation) -> tuple:
+    shapes = get_next.get_attr("output_shapes")
+    types = get_next.get_attr("output_types")
+    return tuple(tf.TensorSpec(tf.TensorShape(s), tf.dtypes.as_dtype(t))
+                 for s, t in zip(shapes, types))
+
+
+def _dataset_sources(get_next: tf.Operation):
+    """(one_shot, [(variant tensor, MakeIterator op or None)]) for the iterator."""
+    resource = get_next.inputs[0]
+    it = resource.op
+    if it.type == "OneShotIterator":
+        factory = it.get_attr("dataset_factory")
+        variant = gen_functional_ops.stateful_partitioned_call(
+            args=[], Tout=[tf.variant], f=factory, name="dataset_factory_call")[0]
+        return True, [(variant, None)]
+    if it.type in ("IteratorV2", "Iterator"):
+        makers = [c for c in resource.consumers() if c.type == "MakeIterator"]
+        if not makers:
+            raise PipelineError(
+                f"automatic graph modification: iterator '{it.name}' has no initializer "
+                f"(MakeIterator op); create it with "
+                f"tf.compat.v1.data.make_initializable_iterator(dataset) or "
+                f"make_one_shot_iterator(dataset).")
+        return False, [(m.inputs[0], m) for m in makers]
+    raise PipelineError(
+        f"automatic graph modification: iterator op '{it.name}' of type {it.type} is not "
+        f"supported (feedable/string-handle and anonymous iterators cannot be rebuilt); "
+        f"use tf.compat.v1.data.make_initializable_iterator or make_one_shot_iterator.")
+
+
+def extend_iterator(get_next: tf.Operation, extra_fn: ExtraFn, *, prefetch: int = 2,
+                    name: str = "dynemb_pipeline") -> ExtendedIterator:
+    """Rebuilds `get_next`'s pipeline with ``extra_fn``'s components appended.
+
+    `extra_fn` is called inside the new map function (once per dataset), with the element's
+    flat components (tensors of that function's graph, in ``get_next`` output
+    order) and returns the extra tensors. `prefetch` > 0 lets the pipeline (and so
+    extra_fn's side effects) run that many batches ahead of the step.
+    """
+    graph = get_next.graph
+    spec = _element_spec(get_next)
+    n_old = len(spec)
+    with graph.as_default(), tf.name_scope(name):
+        one_shot, sources = _dataset_sources(get_next)
+
+        def fn(*components):
+            extras = list(extra_fn(list(components)))
+            return tuple(components) + tuple(extras)
+
+        new_iter = None
+        new_inits: List[tf.Operation] = []
+        for variant, _maker in sources:
+            ds = tf.data.experimental.from_variant(variant, spec).map(fn)
+            if prefetch > 0:
+                ds = ds.prefetch(prefetch)
+            if one_shot:
+                new_iter = tf.compat.v1.data.make_one_shot_iterator(ds)
+            elif new_iter is None:
+                new_iter = tf.compat.v1.data.make_initializable_iterator(ds)
+                new_inits.append(new_iter.initializer)
+            else:  # another dataset of a reinitializable iterator
+                new_inits.append(new_iter.make_initializer(ds))
+        flat = tf.nest.flatten(new_iter.get_next())
+    new_get_next = flat[0].op
+    for old, new in zip(get_next.outputs, flat[:n_old]):
+        new.set_shape(old.shape)
+        _replace_uses(old, new)
+    for (_variant, maker), init in zip(sources, new_inits):
+        if maker is not None:
+            maker._add_control_input(init)  # pylint: disable=protected-access
+    return ExtendedIterator(old_get_next=get_next, new_get_next=new_get_next,
+                            extras=flat[n_old:], initializers=new_inits, one_shot=one_shot)
+
+
+def _replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Sequence[tf.Operation] = ()) -> int:
+    """Makes every consumer of `old` (except ops in `keep`) read `new`."""
+    count = 0
+    keep_names = {op.name for op in keep}
+    for consumer in list(old.consumers()):
+        if consumer.name in keep_names:
+            continue
+        for i, inp in enumerate(consumer.inputs):
+            if inp is old or inp.name == old.name:
+                consumer._update_input(i, new)  # pylint: disable=protected-access
+                count += 1
+    return count
+
+
+replace_uses = _replace_uses

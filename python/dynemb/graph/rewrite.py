@@ -1,0 +1,239 @@
+"""Turning a lookup into a "prepared" lookup (shared by automatic graph
+modification and the FeatureSpec pipeline).
+
+In plain mode a train lookup does everything at step time: it counts admission
+candidates, inserts admitted ids, stamps last access and returns rows. In the
+prepared modes the input pipeline has already done the table-side part for the
+batch with the ``DynembPrepare`` op (in tf.data's threads, possibly several
+batches ahead) and delivers, next to the batch:
+
+* ``admitted`` (bool, one per id): would a plain lookup at this point have
+  returned the id's row (True) or the default value (False)?
+* the batch's *trainable keys* (sorted int64): ids that have a row once the
+  whole batch is counted, i.e. whose gradients a plain step would apply.
+
+At step time the lookup then only reads (``is_train`` off: nothing is counted
+twice), returns the default value where ``admitted`` is False, and the table's
+apply op drops gradient rows of ids outside the trainable keys. Rows that the
+pipeline created for *later* batches therefore neither show through nor get
+trained early, which is what makes the three input modes give the same numbers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from dynemb import _lib
+from dynemb.graph.pipeline import replace_uses
+from dynemb.graph.trace import replay, walk, Trace
+from dynemb.util.log import logger
+
+GUARD_MARK = "dynemb_unmodified_guard"
+
+
+class GraphModificationError(ValueError):
+    """The graph cannot be modified as asked; the message says why and the fix."""
+
+
+NEEDS_PREPARE = (
+    "this build of the dynemb op library has no DynembPrepare op, which the input "
+    "pipeline needs to send a batch's ids to the engine ahead of the step (automatic "
+    "graph modification and FeatureSpec mode); rebuild dynemb from a source tree that "
+    "has it (see docs/graph-modification.md), or use plain lookups (modify_graph=False, "
+    "ids tensors instead of FeatureSpecs)")
+
+
+def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+    """Train-mode table work for `ids` (any shape); returns `admitted` (same shape)."""
+    op = getattr(_lib.ops, "dynemb_prepare", None)
+    if op is None:
+        raise GraphModificationError(NEEDS_PREPARE)
+    if ids.dtype not in (tf.int32, tf.int64):
+        raise GraphModificationError(
+            f"table '{table_name}': ids must be int32 or int64, got {ids.dtype.name}")
+    admitted = op(ids=ids, now=tf.cast(now, tf.int64), table_name=table_name, is_train=True)
+    admitted.set_shape(ids.shape)
+    return admitted
+
+
+def trainable_keys(ids: Sequence[tf.Tensor], admitted: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Sorted unique int64 ids admitted somewhere in the batch.
+
+    Admission only grows within a batch, so an id admitted at any occurrence has a
+    row once the batch is counted: exactly the ids whose gradients a plain step
+    applies (the apply op drops ids without a row).
+    """
+    keys = tf.concat([tf.reshape(tf.cast(i, tf.int64), [-1]) for i in ids], 0)
+    adm = tf.concat([tf.reshape(a, [-1]) for a in admitted], 0)
+    return tf.sort(tf.unique(tf.boolean_mask(keys, adm))[0])
+
+
+def in_sorted(keys: tf.Tensor, sorted_set: tf.Tensor) -> tf.Tensor:
+    """keys[i] in sorted_set, elementwise (binary search; empty set allowed)."""
+    n = tf.size(sorted_set)
+    pos = tf.searchsorted(sorted_set, keys, side="left")
+    padded = tf.concat([sorted_set, tf.zeros([1], sorted_set.dtype)], 0)
+    return tf.logical_and(pos < n, tf.equal(tf.gather(padded, pos), keys))
+
+
+# --------------------------------------------------------------------------
+# The clock stamped by the pipeline
+# --------------------------------------------------------------------------
+
+def _ancestors(tensor: tf.Tensor) -> List[tf.Operation]:
+    seen, stack, out = set(), [tensor.op], []
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        out.append(op)
+        stack.extend(i.op for i in op.inputs)
+    return out
+
+
+def pipeline_now(now: tf.Tensor, get_next: Optional[tf.Operation], table_name: str,
+                 eviction: bool) -> "callable":
+    """How to compute, inside the pipeline, the clock a plain lookup would stamp.
+
+    `now` is the plain lookup's clock tensor. Returns a function of the element's
+    flat components (called inside the map function) giving an int64 scalar:
+    data time when `now` is computed from the same iterator (ASCEND_TIMESTAMP),
+    a constant when it is one, the wall clock when it reads ``tf.timestamp()``,
+    and the global step (read in the pipeline, so it may lag the step that
+    trains the batch by the pipeline's lead) when it reads that variable.
+    """
+    sources, blockers, _ = walk(now)
+    if not blockers and (not sources or (get_next is not None and sources[0] is get_next)):
+        trace = Trace(tensor=now, get_next=sources[0] if sources else None,
+                      ops=walk(now)[2])
+        return lambda comps: tf.cast(replay(trace, comps if sources else []), tf.int64)
+    ancestry = _ancestors(now)
+    if any(op.type == "Timestamp" for op in ancestry):
+        return lambda comps: tf.cast(tf.timestamp(), tf.int64)
+    gs = tf.compat.v1.train.get_global_step(now.graph)
+    if gs is not None and any(op.name == gs.op.name for op in ancestry):
+        if isinstance(gs, tf.Variable) and gs.op.type == "VarHandleOp":
+            return lambda comps: tf.cast(gs.read_value(), tf.int64)
+        if eviction:
+            raise GraphModificationError(
+                f"table '{table_name}' evicts by global step, but the global step is a "
+                f"reference variable, which the input pipeline cannot read; create it as a "
+                f"resource variable (TensorFlow 2's default: do not call "
+                f"tf.compat.v1.disable_resource_variables() or disable_v2_behavior()), or "
+                f"feed a data timestamp (ASCEND_TIMESTAMP)")
+        logger.warning("table '%s': the global step is a reference variable; the input "
+                       "pipeline stamps last access with 0 (harmless: the table does not "
+                       "evict)", table_name)
+        return lambda comps: tf.constant(0, tf.int64)
+    raise GraphModificationError(
+        f"table '{table_name}': cannot compute the lookup's clock ('{now.name}') in the "
+        f"input pipeline ({'; '.join(blockers) or 'it comes from another iterator'}); use "
+        f"the global step, the wall clock or a data timestamp from the same iterator")
+
+
+def table_evicts(table_name: str) -> bool:
+    cfg = _engine_config(table_name)
+    return bool(cfg.eviction_threshold)
+
+
+def _engine_config(table_name: str) -> _lib.TableConfig:
+    h = _lib.find_table(table_name)
+    if h is None:
+        raise GraphModificationError(f"table '{table_name}' is not registered in this "
+                                     f"process; create it with create_table()")
+    try:
+        cfg = _lib.TableConfig()
+        _lib.clib.dynemb_table_get_config(h, ctypes.byref(cfg))
+        return cfg
+    finally:
+        _lib.clib.dynemb_table_release(h)
+
+
+def default_row(table_name: str, dim: int) -> np.ndarray:
+    """The value the engine returns for ids without a row (a copy)."""
+    h = _lib.find_table(table_name)
+    if h is None:
+        raise GraphModificationError(f"table '{table_name}' is not registered in this "
+                                     f"process; create it with create_table()")
+    try:
+        cfg = _lib.TableConfig()
+        _lib.clib.dynemb_table_get_config(h, ctypes.byref(cfg))
+        if not cfg.default_value:
+            return np.zeros([dim], np.float32)
+        return np.ctypeslib.as_array(cfg.default_value, shape=(dim,)).astype(np.float32)
+    finally:
+        _lib.clib.dynemb_table_release(h)
+
+
+# --------------------------------------------------------------------------
+# Guard and rewrites of lookup and apply ops
+# --------------------------------------------------------------------------
+
+def guard_lookup(lookup_op: tf.Operation, table_name: str, how: str) -> None:
+    """Makes `lookup_op` fail at run time until it is rewritten (a control input
+    on a failing Assert). `how` tells the user what to call."""
+    with lookup_op.graph.as_default(), lookup_op.graph.name_scope(None), \
+            tf.name_scope(GUARD_MARK):
+        check = tf.debugging.Assert(
+            tf.constant(False),
+            [f"dynemb: lookup '{lookup_op.name}' of table '{table_name}' is waiting for "
+             f"its input pipeline: {how}"])
+    lookup_op._add_control_input(check)  # pylint: disable=protected-access
+
+
+def _drop_guard(op: tf.Operation) -> None:
+    keep = [c for c in op.control_inputs if GUARD_MARK not in c.name]
+    if len(keep) != len(op.control_inputs):
+        op._remove_all_control_inputs()  # pylint: disable=protected-access
+        if keep:
+            op._add_control_inputs(keep)  # pylint: disable=protected-access
+
+
+def rewrite_lookup(lookup_op: tf.Operation, admitted: tf.Tensor, table_name: str,
+                   dim: int) -> tf.Tensor:
+    """Makes a DynembLookup read-only and mask its rows with `admitted`.
+
+    `admitted` must have one element per id of the lookup (any shape). Every
+    consumer of the lookup's output (forward and gradient ops) reads the masked
+    value instead; the lookup's gradient still reaches the table (masked ids'
+    gradients are dropped by the apply filter, not here). Returns the masked value.
+    """
+    if lookup_op.type != "DynembLookup":
+        raise GraphModificationError(f"'{lookup_op.name}' is a {lookup_op.type} op, not a "
+                                     f"DynembLookup")
+    _drop_guard(lookup_op)
+    lookup_op._set_attr("is_train", attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
+    emb = lookup_op.outputs[0]
+    graph = lookup_op.graph
+    with graph.as_default(), graph.name_scope(None), \
+            tf.name_scope(lookup_op.name + "_admitted"):
+        mask = tf.reshape(admitted, [-1, 1])
+        default = tf.constant(default_row(table_name, dim), tf.float32, name="default_value")
+        masked = tf.where(mask, emb, default)  # [n, 1], [n, dim], [dim] broadcast
+        masked.set_shape(emb.shape)
+    replace_uses(emb, masked, keep=[masked.op])
+    return masked
+
+
+def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tensor]) -> int:
+    """Drops, in every DynembApply of `table_name`, the gradient rows of ids that
+    are not in any of `keys_sets` (sorted int64 trainable keys). Returns how many
+    apply ops were filtered."""
+    applies = [op for op in graph.get_operations() if op.type == "DynembApply"
+               and op.get_attr("table_name").decode() == table_name]
+    for op in applies:
+        keys, grads = op.inputs[0], op.inputs[1]
+        with graph.as_default(), graph.name_scope(None), \
+                tf.name_scope(op.name + "_trainable"):
+            allowed = (keys_sets[0] if len(keys_sets) == 1 else
+                       tf.sort(tf.concat(list(keys_sets), 0)))
+            keep = in_sorted(keys, allowed)
+            op._update_input(0, tf.boolean_mask(keys, keep))  # pylint: disable=protected-access
+            op._update_input(1, tf.boolean_mask(grads, keep))  # pylint: disable=protected-access
+    return len(applies)

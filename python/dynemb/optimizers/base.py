@@ -1,0 +1,124 @@
+"""Sparse optimizers: hyper-parameters for the engine + apply_gradients.
+
+The math runs inside the engine (TensorFlow's exact update rules); the
+optimizer object only describes the hyper-parameters (they decide the row
+layout, so a table gets its optimizer at creation: optimizer_list=[opt])
+and turns ``zip(sparse_grads, sparse_variables)`` into DynembApply ops.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Optional, Union
+
+import tensorflow as tf
+
+from dynemb import _lib
+
+LearningRate = Union[float, tf.Tensor, tf.Variable, Callable[[], Any]]
+
+
+class SparseOptimizer:
+    """Base class; subclasses set KIND and fill the engine struct."""
+    KIND = _lib.OPT_SGD
+    optimizer_type = "sgd"
+
+    def __init__(self, learning_rate: LearningRate, use_locking: bool = False,
+                 name: str = "SparseOptimizer"):
+        del use_locking  # the engine locks rows itself
+        if isinstance(learning_rate, (int, float)) and not (
+                math.isfinite(learning_rate) and learning_rate >= 0):
+            raise ValueError("%s: learning_rate must be a finite number >= 0, got %r"
+                             % (name, learning_rate))
+        self._learning_rate = learning_rate
+        self._name = name
+
+    # -- hyper-parameters -------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def learning_rate(self) -> LearningRate:
+        return self._learning_rate
+
+    def _hyper(self) -> dict[str, float]:
+        return {}
+
+    def _engine_optimizer(self, o: _lib.Optimizer) -> None:
+        """Fills a dynemb_optimizer struct."""
+        o.kind = self.KIND
+        lr = self._learning_rate
+        # The configured rate is only a fallback; apply ops always pass
+        # the (possibly scheduled) rate of this step.
+        o.learning_rate = float(lr) if isinstance(lr, (int, float)) else 0.01
+        for k, v in self._hyper().items():
+            setattr(o, k, float(v))
+
+    def _lr_tensor(self) -> tf.Tensor:
+        lr = self._learning_rate
+        if callable(lr) and not isinstance(lr, (tf.Tensor, tf.Variable)):
+            lr = lr()
+        return tf.cast(tf.convert_to_tensor(lr), tf.float32)
+
+    # -- training ---------------------------------------------------------
+    def apply_gradients(self, grads_and_vars: Iterable, global_step: Optional[Any] = None,
+                        name: Optional[str] = None) -> tf.Operation:
+        """Applies IndexedSlices gradients of sparse variables (tables).
+
+        Gradients of repeated ids are summed and each row is updated once,
+        as TensorFlow does. With global_step, it is incremented after all
+        updates.
+        """
+        from dynemb.core.embedding import table_for_variable
+        applies = []
+        with tf.name_scope(name or self._name):
+            lr = self._lr_tensor()
+            for grad, var in grads_and_vars:
+                table = table_for_variable(var)
+                if grad is None:
+                    continue
+                self._check_table(table)
+                if not isinstance(grad, tf.IndexedSlices):
+                    raise TypeError(
+                        "%s.apply_gradients: the gradient of table '%s' is a dense %s, "
+                        "not IndexedSlices; take it with tf.gradients(loss, "
+                        "sparse_variables) where sparse_variables come from "
+                        "get_dense_and_sparse_variable()"
+                        % (self._name, table.table_name, type(grad).__name__))
+                keys = grad.indices
+                if keys.dtype != tf.int64:
+                    keys = tf.cast(keys, tf.int64)
+                values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, table.dim])
+                applies.append(_lib.ops.dynemb_apply(
+                    keys=keys, grads=values, learning_rate=lr,
+                    table_name=table.table_name))
+            if global_step is None:
+                return tf.group(*applies)
+            with tf.control_dependencies(applies):
+                return tf.compat.v1.assign_add(global_step, 1).op
+
+    def _check_table(self, table: Any) -> None:
+        opt = table.optimizer
+        if opt is self:
+            return
+        if opt is None:
+            if self.KIND == _lib.OPT_SGD:
+                return  # rows without slots: SGD fits
+            raise ValueError(
+                "%s.apply_gradients: table '%s' was created without optimizer_list, so "
+                "its rows have no room for %s's slots; pass optimizer_list=[this "
+                "optimizer] to create_table" % (self._name, table.table_name,
+                                                 self.optimizer_type))
+        if opt.KIND != self.KIND or opt._hyper() != self._hyper():
+            raise ValueError(
+                "%s.apply_gradients: table '%s' was created with optimizer %s (%s); "
+                "apply its gradients with that optimizer object" % (
+                    self._name, table.table_name, opt.name, opt.optimizer_type))
+
+    def minimize(self, loss: tf.Tensor, global_step: Optional[Any] = None,
+                 var_list: Optional[list] = None, name: Optional[str] = None) -> tf.Operation:
+        """apply_gradients(zip(tf.gradients(loss, tables), tables))."""
+        from dynemb.core.embedding import sparse_variables
+        var_list = list(var_list) if var_list is not None else sparse_variables()
+        grads = tf.gradients(loss, var_list)
+        return self.apply_gradients(zip(grads, var_list), global_step, name)

@@ -1,0 +1,1 @@
+"""Process configuration, variables, logging (mxRec: ``mx_rec.util``)."""

@@ -1,0 +1,82 @@
+/*
+ * arena.h -- chunked row storage of one shard (host DRAM tier).
+ *
+ * Rows have a fixed size (row_floats floats), so a shard stores them in
+ * chunks that are allocated once and never moved or realloc'ed: growing a
+ * table never copies rows and a row's address is stable while it lives.
+ * Only the small array of chunk pointers grows.
+ *
+ * Chunk sizes: the first chunks double in size (1/16, 1/16, 1/8, 1/4, 1/2
+ * of a full chunk) so that small tables with many shards stay small, then
+ * every chunk is full size (about 64 KiB, a power of two of rows). A slot
+ * number maps to (chunk, offset) with a shift or a count-leading-zeros.
+ *
+ * Slots freed by eviction form an intrusive free list (the next free slot
+ * is stored in the freed row's first bytes), reused before new slots.
+ * Slots are limited to 30 bits (see the location encoding in index.h).
+ * Not thread-safe: the shard lock protects an arena.
+ */
+#ifndef DYNEMB_ARENA_H
+#define DYNEMB_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DYNEMB_ARENA_MAX_SLOTS (UINT32_C(1) << 30)
+#define DYNEMB_ARENA_NO_SLOT UINT32_MAX
+
+typedef struct dynemb_arena {
+  float **chunks;       /* [nchunks] */
+  uint32_t nchunks, chunks_cap;
+  uint32_t full_shift;  /* a full chunk has 1 << full_shift rows */
+  uint32_t first_shift; /* the first chunk has 1 << first_shift rows */
+  size_t row_floats;
+  uint64_t slots;       /* slots in allocated chunks (capacity) */
+  uint64_t bumped;      /* slots ever handed out from the chunks, in order */
+  uint32_t free_head;   /* first free-listed slot or DYNEMB_ARENA_NO_SLOT */
+  uint64_t free_count;  /* free-listed slots */
+} dynemb_arena;
+
+void dynemb_arena_init(dynemb_arena *a, size_t row_floats);
+void dynemb_arena_free(dynemb_arena *a);
+/* Forgets every row, keeping the chunks (the slots become reusable). */
+void dynemb_arena_clear_keep(dynemb_arena *a);
+
+/* Chunk index and row offset of `slot`. */
+static inline float *dynemb_arena_row(const dynemb_arena *a, uint32_t slot) {
+  uint32_t full = UINT32_C(1) << a->full_shift;
+  uint32_t c, off;
+  if (slot >= full) {
+    c = (a->full_shift - a->first_shift) + (slot >> a->full_shift);
+    off = slot & (full - 1);
+  } else if (slot < (UINT32_C(1) << a->first_shift)) {
+    c = 0;
+    off = slot;
+  } else {
+    uint32_t lg = 31u - (uint32_t)__builtin_clz(slot);
+    c = lg - a->first_shift + 1;
+    off = slot - (UINT32_C(1) << lg);
+  }
+  return a->chunks[c] + (size_t)off * a->row_floats;
+}
+
+/* Free slots (free list plus untouched slots of allocated chunks). */
+static inline uint64_t dynemb_arena_available(const dynemb_arena *a) {
+  return a->free_count + (a->slots - a->bumped);
+}
+
+/* Makes sure `n` more slots can be taken without allocating. Returns
+ * DYNEMB_OK, DYNEMB_ENOMEM, or DYNEMB_ECAPACITY (past 2^30 slots). */
+int dynemb_arena_reserve(dynemb_arena *a, uint64_t n);
+
+/* Takes a slot (a free-listed one first). Returns DYNEMB_OK,
+ * DYNEMB_ENOMEM or DYNEMB_ECAPACITY; the row content is undefined. */
+int dynemb_arena_alloc(dynemb_arena *a, uint32_t *slot);
+
+/* Returns a slot to the free list. */
+void dynemb_arena_release(dynemb_arena *a, uint32_t slot);
+
+/* Bytes of memory held (chunks and the chunk-pointer array). */
+size_t dynemb_arena_bytes(const dynemb_arena *a);
+
+#endif

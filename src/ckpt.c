@@ -1,0 +1,677 @@
+/*
+ * ckpt.c -- checkpoint directories: atomic save, verified load, inspect.
+ *
+ * A checkpoint is a directory with one file per table and a MANIFEST that
+ * names them (ckpt_format.c, ckpt_manifest.c). Save never modifies a file
+ * the current MANIFEST points to: each save is a new "generation" whose
+ * table files get new names; every file is written to a temporary name,
+ * fsync'ed and renamed, the directory is fsync'ed, and only then the
+ * MANIFEST is replaced the same way. Files of older generations are deleted
+ * after the new MANIFEST is durable. A crash at any point therefore leaves
+ * either the old or the new checkpoint complete and loadable.
+ *
+ * Loading reads a table file completely into a snapshot, checking sizes and
+ * every checksum, and only then imports it into the table (through the
+ * public dynemb_table_import), so a damaged file never half-loads a table.
+ * A flock on the directory (exclusive for save, shared for readers) keeps a
+ * concurrent save from deleting files a reader is about to open.
+ */
+#include "ckpt.h"
+
+#include <errno.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.h"
+
+#define WHAT_MAX 1024
+
+/* Formats a message prefix into buf[WHAT_MAX]; long names are cut. */
+static void what_fmt(char *buf, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void what_fmt(char *buf, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, WHAT_MAX, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- directory helpers ----------------------------------------------------- */
+
+static int fsync_dir(int dfd) {
+  int e = dynemb_ckpt_fsync(dfd);
+  return e == EINVAL ? 0 : e; /* some file systems cannot sync directories */
+}
+
+/* Syncs the directory holding `path` (so a new entry in it is durable). */
+static void fsync_parent(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char *parent;
+  if (!slash)
+    parent = strdup(".");
+  else if (slash == path)
+    parent = strdup("/");
+  else
+    parent = strndup(path, (size_t)(slash - path));
+  if (!parent) return;
+  int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)fsync_dir(fd);
+    close(fd);
+  }
+  free(parent);
+}
+
+/* mkdir -p, syncing the parent of every directory it creates. */
+static int mkdir_p(const char *dir, const char *what) {
+  char *p = strdup(dir);
+  if (!p) return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
+  size_t len = strlen(p);
+  for (size_t i = 1; i <= len; i++) {
+    if (p[i] != '/' && p[i] != '\0') continue;
+    if (p[i - 1] == '/') continue;
+    char saved = p[i];
+    p[i] = '\0';
+    if (mkdir(p, 0755) == 0) {
+      fsync_parent(p);
+    } else if (errno != EEXIST) {
+      int e = errno;
+      int rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot create directory "
+                                            "'%s': %s",
+                                what, p, strerror(e));
+      free(p);
+      return rc;
+    }
+    p[i] = saved;
+  }
+  free(p);
+  return DYNEMB_OK;
+}
+
+static int open_dir(const char *dir, int create, int lock, const char *what,
+                    int *dfd) {
+  if (create) {
+    int rc = mkdir_p(dir, what);
+    if (rc) return rc;
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    return dynemb_error_set(DYNEMB_EIO,
+                            "%s: cannot open the checkpoint directory: %s%s",
+                            what, strerror(e),
+                            e == ENOENT ? " (no checkpoint was saved there)"
+                                        : "");
+  }
+  /* Where flock is unsupported we go on unlocked rather than fail. */
+  while (flock(fd, lock) != 0 && errno == EINTR) {
+  }
+  *dfd = fd;
+  return DYNEMB_OK;
+}
+
+/* Reads the MANIFEST; *exists tells whether there was one. */
+static int read_manifest(int dfd, const char *what, dynemb_manifest *m,
+                         int *exists) {
+  memset(m, 0, sizeof *m);
+  *exists = 0;
+  int fd = openat(dfd, DYNEMB_CKPT_MANIFEST, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return DYNEMB_OK;
+    return dynemb_error_set(DYNEMB_EIO, "%s: cannot open MANIFEST: %s", what,
+                            strerror(errno));
+  }
+  *exists = 1;
+  char mwhat[WHAT_MAX];
+  what_fmt(mwhat, "%s: MANIFEST", what);
+  struct stat st;
+  int rc = DYNEMB_OK;
+  char *text = NULL;
+  if (fstat(fd, &st) != 0) {
+    rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot stat: %s", mwhat,
+                          strerror(errno));
+  } else if ((uint64_t)st.st_size > DYNEMB_CKPT_MANIFEST_MAX) {
+    rc = dynemb_error_set(DYNEMB_ECORRUPT,
+                          "%s: %lld bytes is too large for a MANIFEST; "
+                          "restore the checkpoint directory from a backup",
+                          mwhat, (long long)st.st_size);
+  } else if (!(text = malloc((size_t)st.st_size + 1))) {
+    rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", mwhat);
+  } else {
+    int e = dynemb_ckpt_read_all(fd, text, (size_t)st.st_size);
+    if (e > 0)
+      rc = dynemb_error_set(DYNEMB_EIO, "%s: read failed: %s", mwhat,
+                            strerror(e));
+    else if (e < 0)
+      rc = dynemb_error_set(DYNEMB_ECORRUPT, "%s: file shrank while being "
+                                             "read", mwhat);
+    else
+      rc = dynemb_manifest_parse(text, (size_t)st.st_size, mwhat, m);
+  }
+  free(text);
+  close(fd);
+  return rc;
+}
+
+/* ---- save ------------------------------------------------------------------- */
+
+static int cmp_entry(const void *a, const void *b) {
+  return strcmp(((const dynemb_manifest_entry *)a)->name,
+                ((const dynemb_manifest_entry *)b)->name);
+}
+
+/* Writes a file to `tmp`, fsyncs it and renames it to `final`. `write_fn`
+ * produces the contents. */
+typedef int (*content_fn)(int fd, const char *what, void *ctx);
+
+static int write_atomic(int dfd, const char *tmp, const char *final,
+                        const char *what, content_fn fn, void *ctx) {
+  int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return dynemb_error_set(DYNEMB_EIO, "%s: cannot create: %s", what,
+                            strerror(errno));
+  int rc = fn(fd, what, ctx);
+  if (!rc) {
+    int e = dynemb_ckpt_fsync(fd);
+    if (e) rc = dynemb_error_set(DYNEMB_EIO, "%s: fsync failed: %s", what,
+                                 strerror(e));
+  }
+  if (close(fd) != 0 && !rc)
+    rc = dynemb_error_set(DYNEMB_EIO, "%s: close failed: %s", what,
+                          strerror(errno));
+  if (!rc) {
+    dynemb_ckpt_fault_point();
+    if (renameat(dfd, tmp, dfd, final) != 0)
+      rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot rename to '%s': %s", what,
+                            final, strerror(errno));
+  }
+  if (rc) (void)unlinkat(dfd, tmp, 0);
+  return rc;
+}
+
+typedef struct table_ctx {
+  const char *name;
+  const dynemb_snapshot *snap;
+  uint64_t bytes;
+  uint32_t crc;
+} table_ctx;
+
+static int write_table_fn(int fd, const char *what, void *ctx) {
+  table_ctx *c = ctx;
+  return dynemb_ckpt_table_write(fd, what, c->name, c->snap, &c->bytes,
+                                 &c->crc);
+}
+
+typedef struct text_ctx {
+  const char *text;
+  size_t len;
+} text_ctx;
+
+static int write_text_fn(int fd, const char *what, void *ctx) {
+  text_ctx *c = ctx;
+  int e = dynemb_ckpt_write_all(fd, c->text, c->len);
+  if (e)
+    return dynemb_error_set(DYNEMB_EIO, "%s: write failed: %s", what,
+                            strerror(e));
+  return DYNEMB_OK;
+}
+
+/* Deletes files a save may have produced that `m` does not reference
+ * (older generations, temporaries of crashed saves). Best effort: the new
+ * checkpoint is already durable. */
+static void delete_unreferenced(int dfd, const dynemb_manifest *m) {
+  int fd = dup(dfd);
+  if (fd < 0) return;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    close(fd);
+    return;
+  }
+  rewinddir(d);
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    if (!dynemb_manifest_owns_file(de->d_name)) continue;
+    int used = 0;
+    for (size_t i = 0; i < m->n && !used; i++)
+      used = !strcmp(m->entries[i].file, de->d_name);
+    if (used) continue;
+    dynemb_ckpt_fault_point();
+    (void)unlinkat(dfd, de->d_name, 0);
+  }
+  closedir(d);
+}
+
+/* Whether any file of `m` belongs to generation `gen`. */
+static int generation_used(const dynemb_manifest *m, uint64_t gen) {
+  char prefix[32];
+  int n = snprintf(prefix, sizeof prefix, "g%06" PRIu64 "-", gen);
+  for (size_t i = 0; i < m->n; i++)
+    if (!strncmp(m->entries[i].file, prefix, (size_t)n)) return 1;
+  return 0;
+}
+
+/* Saves tables[i] (snapshotted here) or, if tables is NULL, snaps[i], under
+ * names[i]. */
+static int save_impl(const char *dir, const char *const *names,
+                     dynemb_table *const *tables,
+                     const dynemb_snapshot *const *snaps, size_t n) {
+  dynemb_error_clear();
+  char what[WHAT_MAX];
+  if (!dir || !*dir)
+    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint save: directory path "
+                                           "is NULL or empty");
+  what_fmt(what, "checkpoint '%s'", dir);
+  if (n && !names)
+    return dynemb_error_set(DYNEMB_EINVAL, "%s: tables array is NULL", what);
+  for (size_t i = 0; i < n; i++) {
+    if (!names[i] || !names[i][0])
+      return dynemb_error_set(DYNEMB_EINVAL, "%s: table %zu is NULL or has "
+                                             "no name", what, i);
+    for (size_t j = 0; j < i; j++)
+      if (!strcmp(names[i], names[j]))
+        return dynemb_error_set(DYNEMB_EINVAL,
+                                "%s: table '%s' is listed twice; save each "
+                                "table once",
+                                what, names[i]);
+  }
+  int dfd;
+  int rc = open_dir(dir, 1, LOCK_EX, what, &dfd);
+  if (rc) return rc;
+  dynemb_manifest old, next = {0};
+  int exists;
+  rc = read_manifest(dfd, what, &old, &exists);
+  if (rc) {
+    if (rc == DYNEMB_ECORRUPT || rc == DYNEMB_EVERSION) {
+      char msg[WHAT_MAX];
+      what_fmt(msg, "%s", dynemb_last_error());
+      rc = dynemb_error_set(rc, "%s (save refuses to replace a MANIFEST it "
+                                "cannot read, since that would lose the "
+                                "tables it lists; move the directory away "
+                                "or save elsewhere)",
+                            msg);
+    }
+    close(dfd);
+    return rc;
+  }
+  uint64_t gen = old.generation + 1;
+  while (gen == 0 || generation_used(&old, gen)) gen++;
+  next.generation = gen;
+  next.entries = calloc(old.n + n + 1, sizeof *next.entries);
+  char **written = calloc(n + 1, sizeof *written);
+  char *text = NULL;
+  if (!next.entries || !written) {
+    rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
+    goto done;
+  }
+  for (size_t i = 0; i < n && !rc; i++) {
+    char file[64], tmp[80], fwhat[WHAT_MAX];
+    snprintf(file, sizeof file, "g%06" PRIu64 "-t%04zu.dtab", gen, i);
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    what_fmt(fwhat, "%s: file '%s' of table '%s'", what, tmp,
+             names[i]);
+    dynemb_snapshot own = {0};
+    table_ctx c = {.name = names[i], .snap = tables ? &own : snaps[i]};
+    if (tables) {
+      rc = dynemb_table_snapshot(tables[i], &own);
+      if (rc) break;
+    }
+    rc = write_atomic(dfd, tmp, file, fwhat, write_table_fn, &c);
+    if (tables) dynemb_snapshot_free(&own);
+    if (rc) break;
+    written[i] = strdup(file);
+    dynemb_manifest_entry *e = &next.entries[next.n];
+    e->name = strdup(names[i]);
+    e->file = strdup(file);
+    e->bytes = c.bytes;
+    e->crc = c.crc;
+    next.n++;
+    if (!written[i] || !e->name || !e->file)
+      rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
+  }
+  if (rc) goto done;
+  /* Tables of the old MANIFEST that this save does not name are kept. */
+  for (size_t i = 0; i < old.n && !rc; i++) {
+    int replaced = 0;
+    for (size_t j = 0; j < n && !replaced; j++)
+      replaced = !strcmp(old.entries[i].name, names[j]);
+    if (replaced) continue;
+    dynemb_manifest_entry *e = &next.entries[next.n++];
+    *e = old.entries[i];
+    e->name = strdup(old.entries[i].name);
+    e->file = strdup(old.entries[i].file);
+    if (!e->name || !e->file)
+      rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
+  }
+  if (rc) goto done;
+  qsort(next.entries, next.n, sizeof *next.entries, cmp_entry);
+  int e = fsync_dir(dfd); /* the new files' names are durable ... */
+  if (e) {
+    rc = dynemb_error_set(DYNEMB_EIO, "%s: fsync of the directory failed: %s",
+                          what, strerror(e));
+    goto done;
+  }
+  size_t len;
+  rc = dynemb_manifest_format(&next, &text, &len);
+  if (rc) goto done;
+  char mwhat[WHAT_MAX];
+  what_fmt(mwhat, "%s: file 'MANIFEST.tmp'", what);
+  text_ctx tc = {text, len};
+  /* ... before the MANIFEST that points to them replaces the old one. */
+  rc = write_atomic(dfd, DYNEMB_CKPT_MANIFEST ".tmp", DYNEMB_CKPT_MANIFEST,
+                    mwhat, write_text_fn, &tc);
+  if (rc) goto done;
+  e = fsync_dir(dfd);
+  if (e) {
+    /* The rename happened but may not be durable: report it, and keep the
+     * old files, which a crash could still bring back into use. */
+    rc = dynemb_error_set(DYNEMB_EIO, "%s: fsync of the directory failed "
+                                      "after replacing MANIFEST: %s",
+                          what, strerror(e));
+    for (size_t i = 0; i < n; i++) written[i][0] = '\0'; /* keep new files */
+    goto done;
+  }
+  delete_unreferenced(dfd, &next);
+done:
+  if (rc && written) {
+    for (size_t i = 0; i < n; i++)
+      if (written[i] && written[i][0]) (void)unlinkat(dfd, written[i], 0);
+  }
+  if (written)
+    for (size_t i = 0; i < n; i++) free(written[i]);
+  free(written);
+  free(text);
+  dynemb_manifest_free(&old);
+  dynemb_manifest_free(&next);
+  close(dfd);
+  return rc;
+}
+
+int dynemb_ckpt_save_snapshots(const char *dir, const char *const *names,
+                               const dynemb_snapshot *const *snaps, size_t n) {
+  if (n && !snaps)
+    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint save: snapshots "
+                                           "array is NULL");
+  return save_impl(dir, names, NULL, snaps, n);
+}
+
+int dynemb_checkpoint_save(const char *dir, dynemb_table *const *tables,
+                           size_t n) {
+  if (n && !tables)
+    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint save: tables array is "
+                                           "NULL");
+  const char **names = calloc(n + 1, sizeof *names);
+  if (!names)
+    return dynemb_error_set(DYNEMB_ENOMEM, "checkpoint save: out of memory");
+  for (size_t i = 0; i < n; i++)
+    names[i] = tables[i] ? dynemb_table_name(tables[i]) : NULL;
+  int rc = save_impl(dir, names, tables, NULL, n);
+  free(names);
+  return rc;
+}
+
+/* ---- reading ---------------------------------------------------------------- */
+
+/* An open checkpoint directory (shared lock) and its MANIFEST. */
+typedef struct ckpt_dir {
+  int dfd;
+  dynemb_manifest m;
+  char what[WHAT_MAX];
+} ckpt_dir;
+
+static int dir_open(const char *dir, ckpt_dir *d) {
+  memset(d, 0, sizeof *d);
+  d->dfd = -1;
+  if (!dir || !*dir)
+    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint: directory path is "
+                                           "NULL or empty");
+  what_fmt(d->what, "checkpoint '%s'", dir);
+  int rc = open_dir(dir, 0, LOCK_SH, d->what, &d->dfd);
+  if (rc) return rc;
+  int exists;
+  rc = read_manifest(d->dfd, d->what, &d->m, &exists);
+  if (!rc && !exists)
+    rc = dynemb_error_set(DYNEMB_EIO,
+                          "%s: cannot open MANIFEST: %s (the directory holds "
+                          "no dynemb checkpoint, or its save never "
+                          "finished)",
+                          d->what, strerror(ENOENT));
+  if (rc) {
+    close(d->dfd);
+    d->dfd = -1;
+  }
+  return rc;
+}
+
+static void dir_close(ckpt_dir *d) {
+  if (d->dfd >= 0) close(d->dfd);
+  dynemb_manifest_free(&d->m);
+  d->dfd = -1;
+}
+
+static const dynemb_manifest_entry *dir_find(ckpt_dir *d, const char *name) {
+  const dynemb_manifest_entry *e = dynemb_manifest_find(&d->m, name);
+  if (e) return e;
+  char list[640];
+  size_t len = 0;
+  list[0] = '\0';
+  for (size_t i = 0; i < d->m.n; i++) {
+    int w = snprintf(list + len, sizeof list - len, "%s'%s'", i ? ", " : "",
+                     d->m.entries[i].name);
+    if (w < 0 || (size_t)w >= sizeof list - len) {
+      snprintf(list + (len < sizeof list - 8 ? len : sizeof list - 8), 8,
+               ", ...");
+      break;
+    }
+    len += (size_t)w;
+  }
+  dynemb_error_set(DYNEMB_ENOTFOUND,
+                   "%s has no table '%s'; it holds %s%s%s", d->what, name,
+                   d->m.n ? "these tables: " : "no tables", list,
+                   d->m.n ? " (pass one of them as the name in the "
+                            "checkpoint)"
+                          : "");
+  return NULL;
+}
+
+/* Reads table file `e`: header only (snap unused), or everything (snap NULL
+ * verifies without keeping data). */
+static int dir_read_table(ckpt_dir *d, const dynemb_manifest_entry *e,
+                          int header_only, dynemb_ckpt_header *h,
+                          dynemb_snapshot *snap, uint64_t *file_bytes) {
+  char what[WHAT_MAX];
+  what_fmt(what, "%s: file '%s' of table '%s'", d->what, e->file,
+           e->name);
+  int fd = openat(d->dfd, e->file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT)
+      return dynemb_error_set(DYNEMB_ECORRUPT,
+                              "%s: the file is missing; restore the "
+                              "checkpoint directory from a backup or retrain",
+                              what);
+    return dynemb_error_set(DYNEMB_EIO, "%s: cannot open: %s", what,
+                            strerror(err));
+  }
+  struct stat st;
+  int rc = DYNEMB_OK;
+  dynemb_ckpt_src src;
+  if (fstat(fd, &st) != 0) {
+    rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot stat: %s", what,
+                          strerror(errno));
+    goto out;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    rc = dynemb_error_set(DYNEMB_ECORRUPT, "%s: not a regular file", what);
+    goto out;
+  }
+  if (file_bytes) *file_bytes = (uint64_t)st.st_size;
+  dynemb_ckpt_src_fd(&src, fd, (uint64_t)st.st_size);
+  if (header_only) {
+    rc = dynemb_ckpt_table_read_header(&src, what, h);
+  } else {
+    if ((uint64_t)st.st_size != e->bytes) {
+      rc = dynemb_error_set(DYNEMB_ECORRUPT,
+                            "%s: file is %" PRIu64
+                            " bytes but MANIFEST says %" PRIu64
+                            "; it is truncated or damaged: restore it from a "
+                            "backup or retrain",
+                            what, (uint64_t)st.st_size, e->bytes);
+      goto out;
+    }
+    rc = dynemb_ckpt_table_read(&src, what, h, snap);
+    if (!rc && src.crc != e->crc) {
+      rc = dynemb_error_set(DYNEMB_ECORRUPT,
+                            "%s: file checksum mismatch with MANIFEST "
+                            "(stored 0x%08" PRIx32 ", computed 0x%08" PRIx32
+                            "); the file was replaced or damaged: restore it "
+                            "from a backup or retrain",
+                            what, e->crc, src.crc);
+      dynemb_ckpt_header_free(h);
+      if (snap) dynemb_snapshot_free(snap);
+    }
+  }
+  if (!rc && strcmp(h->name, e->name) != 0) {
+    rc = dynemb_error_set(DYNEMB_ECORRUPT,
+                          "%s: the file holds table '%s', not the table the "
+                          "MANIFEST names; restore the checkpoint directory "
+                          "from a backup",
+                          what, h->name);
+    dynemb_ckpt_header_free(h);
+    if (snap) dynemb_snapshot_free(snap);
+  }
+out:
+  close(fd);
+  return rc;
+}
+
+int dynemb_checkpoint_read(const char *dir, const char *name,
+                           dynemb_snapshot *snap) {
+  dynemb_error_clear();
+  if (!snap || !name)
+    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint read: %s is NULL",
+                            snap ? "table name" : "snapshot");
+  memset(snap, 0, sizeof *snap);
+  ckpt_dir d;
+  int rc = dir_open(dir, &d);
+  if (rc) return rc;
+  const dynemb_manifest_entry *e = dir_find(&d, name);
+  if (!e) {
+    dir_close(&d);
+    return DYNEMB_ENOTFOUND;
+  }
+  dynemb_ckpt_header h;
+  rc = dir_read_table(&d, e, 0, &h, snap, NULL);
+  if (!rc) dynemb_ckpt_header_free(&h);
+  dir_close(&d);
+  return rc;
+}
+
+int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
+                           const char *name_in_ckpt, unsigned flags,
+                           uint32_t shard_index, uint32_t shard_count) {
+  dynemb_error_clear();
+  if (!t)
+    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint load: table is NULL");
+  const char *tname = dynemb_table_name(t);
+  const char *name = name_in_ckpt ? name_in_ckpt : tname;
+  if (shard_count > 1 && shard_index >= shard_count)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "checkpoint load into table '%s': shard_index %"
+                            PRIu32 " must be below shard_count %" PRIu32,
+                            tname, shard_index, shard_count);
+  dynemb_snapshot snap;
+  int rc = dynemb_checkpoint_read(dir, name, &snap);
+  if (rc) return rc;
+  int dim = dynemb_table_dim(t);
+  if (snap.dim != dim) {
+    rc = dynemb_error_set(DYNEMB_EDIM,
+                          "checkpoint '%s': table '%s' has dim %d, but table "
+                          "'%s' has dim %d; load it into a table created "
+                          "with dim %d",
+                          dir, name, snap.dim, tname, dim, snap.dim);
+  } else {
+    rc = dynemb_table_import(t, &snap, flags, shard_index, shard_count);
+    if (rc) {
+      char msg[WHAT_MAX];
+      what_fmt(msg, "%s", dynemb_last_error());
+      dynemb_error_set(rc, "checkpoint '%s', table '%s': %s", dir, name, msg);
+    }
+  }
+  dynemb_snapshot_free(&snap);
+  return rc;
+}
+
+int dynemb_checkpoint_verify(const char *dir) {
+  dynemb_error_clear();
+  ckpt_dir d;
+  int rc = dir_open(dir, &d);
+  if (rc) return rc;
+  for (size_t i = 0; i < d.m.n && !rc; i++) {
+    dynemb_ckpt_header h;
+    rc = dir_read_table(&d, &d.m.entries[i], 0, &h, NULL, NULL);
+    if (!rc) dynemb_ckpt_header_free(&h);
+  }
+  dir_close(&d);
+  return rc;
+}
+
+void dynemb_ckpt_entries_free(dynemb_ckpt_entry *entries, size_t n) {
+  if (!entries) return;
+  for (size_t i = 0; i < n; i++) {
+    free(entries[i].name);
+    free(entries[i].file);
+  }
+  free(entries);
+}
+
+int dynemb_checkpoint_inspect(const char *dir, dynemb_ckpt_entry **entries,
+                              size_t *n) {
+  dynemb_error_clear();
+  if (!entries || !n)
+    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint inspect: output "
+                                           "pointer is NULL");
+  *entries = NULL;
+  *n = 0;
+  ckpt_dir d;
+  int rc = dir_open(dir, &d);
+  if (rc) return rc;
+  dynemb_ckpt_entry *out = calloc(d.m.n + 1, sizeof *out);
+  if (!out) rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", d.what);
+  size_t got = 0;
+  for (size_t i = 0; i < d.m.n && !rc; i++) {
+    const dynemb_manifest_entry *e = &d.m.entries[i];
+    dynemb_ckpt_header h;
+    dynemb_ckpt_entry *o = &out[got];
+    rc = dir_read_table(&d, e, 1, &h, NULL, &o->file_bytes);
+    if (rc) break;
+    got++;
+    o->name = h.name; /* ownership moves */
+    h.name = NULL;
+    o->file = strdup(e->file);
+    o->format_version = (int)h.version;
+    o->dim = h.dim;
+    o->row_floats = h.row_floats;
+    o->optimizer_kind = h.optimizer_kind;
+    o->rows = h.rows;
+    o->candidates = h.candidates;
+    o->apply_steps = h.apply_steps;
+    if (!o->file) rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory",
+                                        d.what);
+  }
+  dir_close(&d);
+  if (rc) {
+    dynemb_ckpt_entries_free(out, got);
+    return rc;
+  }
+  *entries = out;
+  *n = got;
+  return DYNEMB_OK;
+}

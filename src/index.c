@@ -1,0 +1,121 @@
+/*
+ * index.c -- growth, insertion and backward-shift deletion of the
+ * open-addressing key index (layout and probing rules are in index.h).
+ *
+ * Growth multiplies an exact floating capacity by DYNEMB_INDEX_GROWTH and
+ * rounds down, so a shard keeps its stagger (see dynemb_index_init) however
+ * often it grows; a rehash touches only one shard's index.
+ */
+#include "index.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dynemb.h"
+#include "hash.h"
+
+/* The entry an unallocated index points at: a probe finds it empty. It is
+ * never written, because every insert reserves (and so allocates) first. */
+static dynemb_index_entry empty_entry = {0, DYNEMB_LOC_EMPTY, 0};
+
+#define FIRST_CAP 8.0
+
+void dynemb_index_init(dynemb_index *ix, double stagger) {
+  memset(ix, 0, sizeof *ix);
+  ix->slots = &empty_entry;
+  ix->cap = 1;
+  ix->limit = 0;
+  ix->cap_f = 0;
+  if (!(stagger >= 0 && stagger < 1)) stagger = 0;
+  ix->first_cap = FIRST_CAP * pow(DYNEMB_INDEX_GROWTH, stagger);
+  ix->hash = dynemb_hash_key;
+}
+
+void dynemb_index_free(dynemb_index *ix) {
+  if (ix->cap_f > 0) free(ix->slots);
+  ix->slots = &empty_entry;
+  ix->cap = 1;
+  ix->count = 0;
+  ix->limit = 0;
+  ix->cap_f = 0;
+}
+
+void dynemb_index_reset(dynemb_index *ix) { dynemb_index_free(ix); }
+
+void dynemb_index_clear_keep(dynemb_index *ix) {
+  if (ix->cap_f > 0) memset(ix->slots, 0xff, ix->cap * sizeof *ix->slots);
+  ix->count = 0;
+}
+
+static uint64_t limit_of(uint64_t cap) {
+  uint64_t l = (uint64_t)((double)cap * DYNEMB_INDEX_MAX_LOAD);
+  return l < cap ? l : cap - 1; /* always keep one empty entry */
+}
+
+int dynemb_index_reserve(dynemb_index *ix, uint64_t count) {
+  if (count <= ix->limit) return DYNEMB_OK;
+  double cf = ix->cap_f > 0 ? ix->cap_f * DYNEMB_INDEX_GROWTH : ix->first_cap;
+  while (limit_of((uint64_t)cf) < count) cf *= DYNEMB_INDEX_GROWTH;
+  /* fastrange maps 32 hash bits: the capacity must stay below 2^32. */
+  if (cf >= 4294967295.0) return DYNEMB_ENOMEM;
+  uint64_t cap = (uint64_t)cf;
+  dynemb_index_entry *s = malloc(cap * sizeof *s);
+  if (!s) return DYNEMB_ENOMEM;
+  memset(s, 0xff, cap * sizeof *s);
+  if (ix->cap_f > 0) {
+    for (uint64_t i = 0; i < ix->cap; i++) {
+      const dynemb_index_entry *e = ix->slots + i;
+      if (e->loc == DYNEMB_LOC_EMPTY) continue;
+      uint64_t j = ((uint64_t)(uint32_t)ix->hash(e->key) * cap) >> 32;
+      while (s[j].loc != DYNEMB_LOC_EMPTY)
+        if (++j == cap) j = 0;
+      s[j] = *e;
+    }
+    free(ix->slots);
+  }
+  ix->slots = s;
+  ix->cap = cap;
+  ix->cap_f = cf;
+  ix->limit = limit_of(cap);
+  return DYNEMB_OK;
+}
+
+dynemb_index_entry *dynemb_index_insert(dynemb_index *ix, int64_t key,
+                                        uint64_t h, uint32_t loc,
+                                        uint32_t last_access) {
+  uint64_t i = dynemb_index_home(ix, h);
+  while (ix->slots[i].loc != DYNEMB_LOC_EMPTY)
+    if (++i == ix->cap) i = 0;
+  dynemb_index_entry *e = ix->slots + i;
+  e->key = key;
+  e->loc = loc;
+  e->last_access = last_access;
+  ix->count++;
+  return e;
+}
+
+void dynemb_index_erase_at(dynemb_index *ix, uint64_t pos) {
+  const uint64_t cap = ix->cap;
+  uint64_t hole = pos, j = pos;
+  for (;;) {
+    if (++j == cap) j = 0;
+    dynemb_index_entry *e = ix->slots + j;
+    if (e->loc == DYNEMB_LOC_EMPTY) break;
+    uint64_t home = dynemb_index_home(ix, ix->hash(e->key));
+    /* The entry may fill the hole if the hole lies on its probe path,
+     * i.e. cyclically within [home, j]. */
+    uint64_t d_home = j >= home ? j - home : j + cap - home;
+    uint64_t d_hole = j >= hole ? j - hole : j + cap - hole;
+    if (d_home >= d_hole) {
+      ix->slots[hole] = *e;
+      hole = j;
+    }
+  }
+  ix->slots[hole].loc = DYNEMB_LOC_EMPTY;
+  ix->count--;
+}
+
+size_t dynemb_index_bytes(const dynemb_index *ix) {
+  return ix->cap_f > 0 ? (size_t)ix->cap * sizeof(dynemb_index_entry) : 0;
+}

@@ -1,0 +1,1232 @@
+/*
+ * table.c -- the embedding table: configuration, lookup (with admission),
+ * apply (optimizer step), eviction, statistics, snapshot and import.
+ *
+ * Row layout (this file is the only one that knows it): a row is
+ * row_floats = dim * (1 + slots) floats: the `dim` embedding floats, then
+ * the optimizer's `slots` slot vectors of `dim` floats each (optim.h).
+ *
+ * Concurrency: a batch is first grouped by lock shard (a counting sort of
+ * the key positions by the key hash's top bits), then each shard's lock is
+ * taken once per batch. Train-mode lookups copy hits under the read lock
+ * (stamping last_access with a relaxed atomic store) and take the write
+ * lock only for the misses (re-probe, admission count, insert). Apply
+ * dedupes and sums gradients outside the lock and updates rows under the
+ * write lock. Snapshot and import hold every shard lock (ascending order;
+ * no other path ever holds two shard locks), so they see / make one
+ * consistent state. Counters are per-call sums added with relaxed atomics.
+ *
+ * Index probes are prefetched a few keys ahead, rows before they are read.
+ */
+#include "table.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "hash.h"
+#include "init.h"
+#include "optim.h"
+
+#define DEFAULT_SHARDS 256
+#define MAX_SHARDS 4096
+#define MAX_DIM 65536
+#define MAX_NAME 255
+#define IDX_PF 12 /* keys ahead for index prefetch */
+#define ROW_PF 4  /* keys ahead for row prefetch */
+#define MAX_NOW INT64_C(4294967295)
+
+#define RELAXED __ATOMIC_RELAXED
+#define LOAD(p) __atomic_load_n((p), RELAXED)
+#define STORE(p, v) __atomic_store_n((p), (v), RELAXED)
+#define ADD(p, v) __atomic_fetch_add((p), (v), RELAXED)
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                             */
+/* ------------------------------------------------------------------------ */
+
+void dynemb_table_config_init(dynemb_table_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->init.kind = DYNEMB_INIT_ZEROS;
+  cfg->optimizer.kind = DYNEMB_OPT_SGD;
+  cfg->optimizer.learning_rate = 0.01f;
+  cfg->optimizer.initial_accumulator_value = 0.1f;
+  cfg->optimizer.beta1 = 0.9f;
+  cfg->optimizer.beta2 = 0.999f;
+  cfg->optimizer.epsilon = 1e-8f;
+  cfg->optimizer.learning_rate_power = -0.5f;
+  cfg->nonfinite_policy = DYNEMB_NONFINITE_ERROR;
+}
+
+static int validate_config(const dynemb_table_config *cfg) {
+  if (!cfg)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table config is NULL; pass a config filled by "
+                            "dynemb_table_config_init");
+  if (!cfg->name || !cfg->name[0])
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table config: name is %s; set cfg.name to a "
+                            "unique table name",
+                            cfg->name ? "empty" : "NULL");
+  const char *nm = cfg->name;
+  size_t len = strlen(nm);
+  if (len > MAX_NAME)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%.40s...': name is %zu bytes long; use at "
+                            "most %d bytes",
+                            nm, len, MAX_NAME);
+  for (size_t i = 0; i < len; i++)
+    if ((unsigned char)nm[i] < 0x20 || nm[i] == 0x7f)
+      return dynemb_error_set(DYNEMB_EINVAL,
+                              "table '%s': name contains a control character "
+                              "at byte %zu; use printable characters",
+                              nm, i);
+  if (cfg->dim < 1 || cfg->dim > MAX_DIM)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': dim = %d is invalid; set cfg.dim to "
+                            "the embedding width, 1 .. %d",
+                            nm, cfg->dim, MAX_DIM);
+  int rc = dynemb_init_validate(&cfg->init, nm);
+  if (rc) return rc;
+  rc = dynemb_optim_validate(&cfg->optimizer, nm);
+  if (rc) return rc;
+  if (cfg->eviction_threshold < 0)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': eviction_threshold = %lld is "
+                            "negative; use 0 to disable eviction or a "
+                            "positive age in your time unit",
+                            nm, (long long)cfg->eviction_threshold);
+  if (cfg->nonfinite_policy != DYNEMB_NONFINITE_ERROR &&
+      cfg->nonfinite_policy != DYNEMB_NONFINITE_SKIP)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': nonfinite_policy = %d is unknown; "
+                            "use DYNEMB_NONFINITE_ERROR or _SKIP",
+                            nm, cfg->nonfinite_policy);
+  int s = cfg->shards;
+  if (s != 0 && (s < 1 || s > MAX_SHARDS || (s & (s - 1)) != 0))
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': shards = %d is invalid; use 0 "
+                            "(default %d) or a power of two from 1 to %d",
+                            nm, s, DEFAULT_SHARDS, MAX_SHARDS);
+  if (cfg->ssd_vocabulary_size != 0 &&
+      (!cfg->ssd_data_path || !cfg->ssd_data_path[0]))
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': ssd_vocabulary_size = %llu needs "
+                            "ssd_data_path (a directory); set it or set "
+                            "ssd_vocabulary_size to 0",
+                            nm, (unsigned long long)cfg->ssd_vocabulary_size);
+  if (cfg->device_vocabulary_size != 0)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': device_vocabulary_size = %llu: the "
+                            "device tier is not implemented in this version; "
+                            "set it to 0 (rows live in host memory)",
+                            nm,
+                            (unsigned long long)cfg->device_vocabulary_size);
+  if (cfg->ssd_vocabulary_size != 0)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': ssd_vocabulary_size = %llu: the SSD "
+                            "tier is not implemented in this version; set it "
+                            "to 0 and bound host memory with "
+                            "host_vocabulary_size and eviction",
+                            nm, (unsigned long long)cfg->ssd_vocabulary_size);
+  return DYNEMB_OK;
+}
+
+int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out) {
+  int rc = validate_config(cfg);
+  if (rc) return rc;
+  dynemb_table *t = calloc(1, sizeof *t);
+  if (!t) goto nomem;
+  t->cfg = *cfg;
+  t->name = strdup(cfg->name);
+  t->default_value = calloc((size_t)cfg->dim, sizeof(float));
+  if (!t->name || !t->default_value) goto nomem;
+  if (cfg->default_value)
+    memcpy(t->default_value, cfg->default_value, (size_t)cfg->dim * sizeof(float));
+  if (cfg->ssd_data_path && !(t->ssd_data_path = strdup(cfg->ssd_data_path)))
+    goto nomem;
+  t->cfg.name = t->name;
+  t->cfg.default_value = t->default_value;
+  t->cfg.ssd_data_path = t->ssd_data_path;
+  t->dim = cfg->dim;
+  t->slots = dynemb_optim_slot_count(cfg->optimizer.kind);
+  t->row_floats = cfg->dim * (1 + t->slots);
+  t->nshards = cfg->shards ? (uint32_t)cfg->shards : DEFAULT_SHARDS;
+  t->cfg.shards = (int)t->nshards;
+  while ((UINT32_C(1) << t->shard_bits) < t->nshards) t->shard_bits++;
+  t->access_threshold = cfg->access_threshold;
+  t->eviction_threshold = cfg->eviction_threshold;
+  t->refs = 1;
+  t->shards = aligned_alloc(64, t->nshards * sizeof *t->shards);
+  if (!t->shards) goto nomem;
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    dynemb_shard *sh = &t->shards[s];
+    memset(sh, 0, sizeof *sh);
+    if (pthread_rwlock_init(&sh->lock, NULL) != 0) {
+      for (uint32_t k = 0; k < s; k++) {
+        pthread_rwlock_destroy(&t->shards[k].lock);
+      }
+      free(t->shards);
+      t->shards = NULL;
+      goto nomem;
+    }
+    double stagger = (double)s / (double)t->nshards;
+    dynemb_index_init(&sh->rows, stagger);
+    dynemb_index_init(&sh->cands, stagger);
+    dynemb_arena_init(&sh->arena, (size_t)t->row_floats);
+  }
+  *out = t;
+  return DYNEMB_OK;
+nomem:
+  if (t) {
+    free(t->name);
+    free(t->default_value);
+    free(t->ssd_data_path);
+    free(t);
+  }
+  return dynemb_error_set(DYNEMB_ENOMEM,
+                          "table '%s': out of memory while creating it",
+                          cfg->name);
+}
+
+void dynemb_table_destroy(dynemb_table *t) {
+  if (!t) return;
+  if (t->shards) {
+    for (uint32_t s = 0; s < t->nshards; s++) {
+      dynemb_shard *sh = &t->shards[s];
+      dynemb_index_free(&sh->rows);
+      dynemb_index_free(&sh->cands);
+      dynemb_arena_free(&sh->arena);
+      pthread_rwlock_destroy(&sh->lock);
+    }
+    free(t->shards);
+  }
+  free(t->name);
+  free(t->default_value);
+  free(t->ssd_data_path);
+  free(t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Properties                                                                */
+/* ------------------------------------------------------------------------ */
+
+const char *dynemb_table_name(const dynemb_table *t) { return t ? t->name : ""; }
+int dynemb_table_dim(const dynemb_table *t) { return t ? t->dim : 0; }
+int dynemb_table_row_floats(const dynemb_table *t) {
+  return t ? t->row_floats : 0;
+}
+
+void dynemb_table_get_config(const dynemb_table *t, dynemb_table_config *cfg) {
+  if (!t || !cfg) return;
+  *cfg = t->cfg;
+  cfg->access_threshold = LOAD(&t->access_threshold);
+  cfg->eviction_threshold = LOAD(&t->eviction_threshold);
+}
+
+static int null_table(const char *fn) {
+  return dynemb_error_set(DYNEMB_EINVAL,
+                          "%s: table is NULL; pass a table from "
+                          "dynemb_table_create or dynemb_table_find",
+                          fn);
+}
+
+int dynemb_table_set_access_threshold(dynemb_table *t, uint32_t threshold) {
+  dynemb_error_clear();
+  if (!t) return null_table("dynemb_table_set_access_threshold");
+  STORE(&t->access_threshold, threshold);
+  return DYNEMB_OK;
+}
+
+int dynemb_table_set_eviction_threshold(dynemb_table *t, int64_t threshold) {
+  dynemb_error_clear();
+  if (!t) return null_table("dynemb_table_set_eviction_threshold");
+  if (threshold < 0)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': eviction threshold %lld is negative; "
+                            "use 0 to disable eviction or a positive age",
+                            t->name, (long long)threshold);
+  STORE(&t->eviction_threshold, threshold);
+  return DYNEMB_OK;
+}
+
+uint32_t dynemb_key_shard(int64_t key, uint32_t shard_count) {
+  if (shard_count <= 1) return 0;
+  return (uint32_t)(((dynemb_hash_key(key) >> 32) * shard_count) >> 32);
+}
+
+void dynemb_widen_keys(const int32_t *in, size_t n, int64_t *out) {
+  for (size_t i = 0; i < n; i++) out[i] = (int64_t)in[i];
+}
+
+static int check_now(const dynemb_table *t, int64_t now) {
+  if (now < 0 || now > MAX_NOW)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': now = %lld is out of range; pass a "
+                            "time in [0, 2^32-1] (global step or Unix "
+                            "seconds)",
+                            t->name, (long long)now);
+  return DYNEMB_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Batches grouped by shard                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct group {
+  int64_t *key;    /* [n] keys in shard order (stable within a shard) */
+  uint64_t *hash;  /* [n] their hashes */
+  uint32_t *pos;   /* [n] their positions in the caller's arrays */
+  uint32_t *start; /* [nshards + 1] segment bounds */
+  uint32_t max_seg;
+  void *mem;
+} group;
+
+/* Counting sort of n (< 2^32) key positions by shard. */
+static int group_keys(const dynemb_table *t, const int64_t *keys, size_t n,
+                      group *g) {
+  size_t S = t->nshards;
+  size_t bytes = n * (sizeof(int64_t) + sizeof(uint64_t) + sizeof(uint32_t) +
+                      sizeof(uint16_t)) +
+                 (S + 1) * sizeof(uint32_t) + 64;
+  char *m = malloc(bytes);
+  if (!m) return DYNEMB_ENOMEM;
+  g->mem = m;
+  g->key = (int64_t *)m;
+  g->hash = (uint64_t *)(m + n * 8);
+  g->pos = (uint32_t *)(m + n * 16);
+  g->start = (uint32_t *)(m + n * 20);
+  uint16_t *sid = (uint16_t *)(g->start + S + 1);
+  if (S == 1) {
+    for (size_t i = 0; i < n; i++) {
+      g->key[i] = keys[i];
+      g->hash[i] = dynemb_hash_key(keys[i]);
+      g->pos[i] = (uint32_t)i;
+    }
+    g->start[0] = 0;
+    g->start[1] = (uint32_t)n;
+    g->max_seg = (uint32_t)n;
+    return DYNEMB_OK;
+  }
+  memset(g->start, 0, (S + 1) * sizeof(uint32_t));
+  uint32_t *cnt = g->start + 1;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t s = dynemb_table_shard_of(t, dynemb_hash_key(keys[i]));
+    sid[i] = (uint16_t)s;
+    cnt[s]++;
+  }
+  uint32_t run = 0, mx = 0;
+  for (size_t s = 0; s < S; s++) {
+    uint32_t c = cnt[s];
+    if (c > mx) mx = c;
+    cnt[s] = run; /* start[s + 1] temporarily holds start of s */
+    run += c;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t j = cnt[sid[i]]++;
+    g->key[j] = keys[i];
+    g->hash[j] = dynemb_hash_key(keys[i]);
+    g->pos[j] = (uint32_t)i;
+  }
+  /* now cnt[s] = end of s = start of s + 1; start[0] = 0 */
+  g->max_seg = mx;
+  return DYNEMB_OK;
+}
+
+static inline void prefetch_lines(const void *p, size_t bytes, int rw) {
+  const char *c = p;
+  if (bytes > 1024) bytes = 1024;
+  for (size_t o = 0; o < bytes; o += 64) {
+    if (rw)
+      __builtin_prefetch(c + o, 1);
+    else
+      __builtin_prefetch(c + o, 0);
+  }
+}
+
+static inline float *row_of(const dynemb_shard *sh, uint32_t loc) {
+  return dynemb_arena_row(&sh->arena, DYNEMB_LOC_SLOT(loc));
+}
+
+static inline void stamp(dynemb_index_entry *e, uint32_t now) {
+  if (LOAD(&e->last_access) < now) STORE(&e->last_access, now);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Inserting rows                                                            */
+/* ------------------------------------------------------------------------ */
+
+static int budget_error(const dynemb_table *t) {
+  return dynemb_error_set(
+      DYNEMB_ECAPACITY,
+      "table '%s': host_vocabulary_size = %llu rows is full; raise "
+      "host_vocabulary_size or enable eviction (eviction_threshold and "
+      "dynemb_evict)",
+      t->name, (unsigned long long)t->cfg.host_vocabulary_size);
+}
+
+static int insert_error(const dynemb_table *t, int rc) {
+  if (rc == DYNEMB_ECAPACITY)
+    return dynemb_error_set(DYNEMB_ECAPACITY,
+                            "table '%s': a shard reached 2^30 rows; create "
+                            "the table with more shards",
+                            t->name);
+  return dynemb_error_set(DYNEMB_ENOMEM,
+                          "table '%s': out of memory while inserting rows; "
+                          "lower the vocabulary (host_vocabulary_size, "
+                          "eviction) or add memory",
+                          t->name);
+}
+
+/* Inserts a fresh row for absent `key` in shard `sh` (write-locked).
+ * Nothing changes on failure. */
+static int insert_row(dynemb_table *t, dynemb_shard *sh, int64_t key,
+                      uint64_t h, uint32_t now, dynemb_index_entry **out) {
+  uint64_t budget = t->cfg.host_vocabulary_size;
+  if (budget) {
+    if (ADD(&t->rows_total, 1) >= budget) {
+      ADD(&t->rows_total, (uint64_t)-1);
+      return budget_error(t);
+    }
+  } else {
+    ADD(&t->rows_total, 1);
+  }
+  int rc = dynemb_index_reserve(&sh->rows, sh->rows.count + 1);
+  uint32_t slot = 0;
+  if (!rc) rc = dynemb_arena_alloc(&sh->arena, &slot);
+  if (rc) {
+    ADD(&t->rows_total, (uint64_t)-1);
+    return insert_error(t, rc);
+  }
+  float *row = dynemb_arena_row(&sh->arena, slot);
+  dynemb_init_row(&t->cfg.init, key, row, t->dim);
+  if (t->slots) dynemb_optim_init_slots(&t->cfg.optimizer, row + t->dim, t->dim);
+  *out = dynemb_index_insert(&sh->rows, key, h,
+                             DYNEMB_LOC(DYNEMB_TIER_HOST, slot), now);
+  if (sh->cands.count) { /* a key is never both a row and a candidate */
+    dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);
+    if (c) dynemb_index_erase_at(&sh->cands, (uint64_t)(c - sh->cands.slots));
+  }
+  return DYNEMB_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Lookup                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct lookup_counts {
+  uint64_t hits, inserted, rejected;
+} lookup_counts;
+
+/* Looks up n < 2^32 keys. */
+static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
+                       int train, uint32_t now, float *out,
+                       lookup_counts *lc) {
+  group g;
+  if (group_keys(t, keys, n, &g))
+    return dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory for a lookup batch of "
+                            "%zu keys; use smaller batches",
+                            t->name, n);
+  const size_t dim = (size_t)t->dim;
+  const size_t rbytes = dim * sizeof(float);
+  /* Per segment: row pointers, then the list of misses. */
+  float **rows = malloc((size_t)g.max_seg * (sizeof(float *) + sizeof(uint32_t)) + 8);
+  if (!rows) {
+    free(g.mem);
+    return dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory for a lookup batch of "
+                            "%zu keys; use smaller batches",
+                            t->name, n);
+  }
+  uint32_t *miss = (uint32_t *)(rows + g.max_seg);
+  uint32_t threshold = LOAD(&t->access_threshold);
+  int rc = DYNEMB_OK;
+  for (uint32_t s = 0; s < t->nshards && !rc; s++) {
+    uint32_t a = g.start[s], b = g.start[s + 1];
+    if (a == b) continue;
+    dynemb_shard *sh = &t->shards[s];
+    uint32_t nmiss = 0;
+    pthread_rwlock_rdlock(&sh->lock);
+    for (uint32_t j = a; j < b; j++) {
+      if (j + IDX_PF < b) dynemb_index_prefetch(&sh->rows, g.hash[j + IDX_PF]);
+      dynemb_index_entry *e = dynemb_index_find(&sh->rows, g.key[j], g.hash[j]);
+      if (e) {
+        rows[j - a] = row_of(sh, e->loc);
+        if (train) stamp(e, now);
+      } else {
+        rows[j - a] = NULL;
+        miss[nmiss++] = j;
+      }
+    }
+    for (uint32_t j = a; j < b; j++) {
+      if (j + ROW_PF < b && rows[j + ROW_PF - a])
+        prefetch_lines(rows[j + ROW_PF - a], rbytes, 0);
+      if (rows[j - a]) memcpy(out + (size_t)g.pos[j] * dim, rows[j - a], rbytes);
+    }
+    pthread_rwlock_unlock(&sh->lock);
+    lc->hits += (b - a) - nmiss;
+    if (!nmiss) continue;
+    if (!train) {
+      for (uint32_t m = 0; m < nmiss; m++)
+        memcpy(out + (size_t)g.pos[miss[m]] * dim, t->default_value, rbytes);
+      continue;
+    }
+    pthread_rwlock_wrlock(&sh->lock);
+    for (uint32_t m = 0; m < nmiss; m++) {
+      uint32_t j = miss[m];
+      int64_t key = g.key[j];
+      uint64_t h = g.hash[j];
+      float *dst = out + (size_t)g.pos[j] * dim;
+      dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);
+      if (e) { /* inserted since the read pass (or repeated in the batch) */
+        stamp(e, now);
+        memcpy(dst, row_of(sh, e->loc), rbytes);
+        lc->hits++;
+        continue;
+      }
+      if (threshold > 1) {
+        dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);
+        if (!c) {
+          if (dynemb_index_reserve(&sh->cands, sh->cands.count + 1)) {
+            rc = insert_error(t, DYNEMB_ENOMEM);
+            break;
+          }
+          c = dynemb_index_insert(&sh->cands, key, h, 1, now);
+        } else {
+          if (c->loc < DYNEMB_LOC_EMPTY - 1) c->loc++;
+          if (c->last_access < now) c->last_access = now;
+        }
+        if (c->loc < threshold) {
+          memcpy(dst, t->default_value, rbytes);
+          lc->rejected++;
+          continue;
+        }
+        /* admitted: insert_row removes the candidate */
+      }
+      rc = insert_row(t, sh, key, h, now, &e);
+      if (rc) break;
+      memcpy(dst, row_of(sh, e->loc), rbytes);
+      lc->inserted++;
+    }
+    pthread_rwlock_unlock(&sh->lock);
+  }
+  free(rows);
+  free(g.mem);
+  return rc;
+}
+
+int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
+                  int64_t now, float *out) {
+  dynemb_error_clear();
+  if (!t) return null_table("dynemb_lookup");
+  if (mode != DYNEMB_LOOKUP_TRAIN && mode != DYNEMB_LOOKUP_EVAL)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': lookup mode %d is unknown; use "
+                            "DYNEMB_LOOKUP_TRAIN or DYNEMB_LOOKUP_EVAL",
+                            t->name, mode);
+  int rc = check_now(t, now);
+  if (rc) return rc;
+  if (n == 0) return DYNEMB_OK;
+  if (!keys || !out)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': lookup of %zu keys got a NULL %s "
+                            "buffer; pass valid keys and output buffers",
+                            t->name, n, keys ? "output" : "keys");
+  lookup_counts lc = {0, 0, 0};
+  const size_t part = (size_t)1 << 31;
+  for (size_t off = 0; off < n && !rc; off += part) {
+    size_t m = n - off < part ? n - off : part;
+    rc = lookup_part(t, keys + off, m, mode == DYNEMB_LOOKUP_TRAIN,
+                     (uint32_t)now, out + off * (size_t)t->dim, &lc);
+  }
+  ADD(&t->n_lookups, (uint64_t)n);
+  if (lc.hits) ADD(&t->n_hits, lc.hits);
+  if (lc.inserted) ADD(&t->n_inserted, lc.inserted);
+  if (lc.rejected) ADD(&t->n_rejected, lc.rejected);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Apply                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Nonzero if any of the n floats is NaN or Inf (exponent all ones). */
+static inline int any_nonfinite(const float *x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t b;
+    memcpy(&b, x + i, 4);
+    bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad != 0;
+}
+
+typedef struct dedupe_slot {
+  int64_t key;
+  uint32_t u; /* unique index, UINT32_MAX = empty */
+  uint32_t pad;
+} dedupe_slot;
+
+typedef struct uniq {
+  uint32_t first, last, count;
+  uint32_t pad;
+  const float *grad;
+  dynemb_index_entry *entry;
+} uniq;
+
+int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
+                 const float *grads, float learning_rate,
+                 dynemb_apply_stats *stats) {
+  dynemb_error_clear();
+  if (stats) memset(stats, 0, sizeof *stats);
+  if (!t) return null_table("dynemb_apply");
+  if (n > 0 && (!keys || !grads))
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': apply of %zu keys got a NULL %s "
+                            "buffer; pass valid keys and gradients",
+                            t->name, n, keys ? "gradient" : "keys");
+  if (n > UINT32_MAX)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': apply batch of %zu keys is too "
+                            "large; apply at most 2^32-1 keys per call",
+                            t->name, n);
+  if (isnan(learning_rate) || isinf(learning_rate))
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': learning rate %g is not finite; "
+                            "pass a finite rate (or < 0 for the configured "
+                            "one)",
+                            t->name, (double)learning_rate);
+  const float lr =
+      learning_rate < 0 ? t->cfg.optimizer.learning_rate : learning_rate;
+  const size_t dim = (size_t)t->dim;
+  const int skip = t->cfg.nonfinite_policy == DYNEMB_NONFINITE_SKIP;
+  if (!skip) {
+    for (size_t i = 0; i < n; i++)
+      if (any_nonfinite(grads + i * dim, dim)) {
+        size_t j = 0;
+        while (j < dim && isfinite(grads[i * dim + j])) j++;
+        return dynemb_error_set(
+            DYNEMB_ENONFINITE,
+            "table '%s': gradient for key %lld (batch position %zu, element "
+            "%zu) is %g; nothing was applied. Fix the loss/inputs, clip "
+            "gradients, or create the table with nonfinite_policy = "
+            "DYNEMB_NONFINITE_SKIP",
+            t->name, (long long)keys[i], i, j,
+            (double)grads[i * dim + (j < dim ? j : 0)]);
+      }
+  }
+  group g = {0};
+  dedupe_slot *dd = NULL;
+  uniq *u = NULL;
+  uint32_t *next = NULL;
+  float *sum = NULL;
+  size_t sum_cap = 0;
+  int rc = DYNEMB_OK;
+  size_t n_uniq = 0, n_applied = 0, n_dropped = 0, n_nonfinite = 0;
+  if (n > 0 && group_keys(t, keys, n, &g)) goto nomem;
+  uint64_t dd_cap = 16;
+  while (dd_cap < 2 * (uint64_t)g.max_seg) dd_cap *= 2;
+  if (n > 0) {
+    dd = malloc(dd_cap * sizeof *dd);
+    u = malloc(((size_t)g.max_seg + 1) * sizeof *u);
+    next = malloc(((size_t)g.max_seg + 1) * sizeof *next);
+    if (!dd || !u || !next) goto nomem;
+  }
+  const uint64_t step = __atomic_add_fetch(&t->apply_steps, 1, RELAXED);
+  for (uint32_t s = 0; n > 0 && s < t->nshards; s++) {
+    uint32_t a = g.start[s], b = g.start[s + 1];
+    if (a == b) continue;
+    /* 1. dedupe the segment's keys (outside the lock) */
+    uint64_t cap = 16;
+    while (cap < 2 * (uint64_t)(b - a)) cap *= 2;
+    const uint64_t mask = cap - 1;
+    memset(dd, 0xff, cap * sizeof *dd);
+    uint32_t nu = 0, multi = 0;
+    for (uint32_t j = a; j < b; j++) {
+      uint64_t i = g.hash[j] & mask;
+      while (dd[i].u != UINT32_MAX && dd[i].key != g.key[j]) i = (i + 1) & mask;
+      next[j - a] = UINT32_MAX;
+      if (dd[i].u == UINT32_MAX) {
+        dd[i].key = g.key[j];
+        dd[i].u = nu;
+        u[nu].first = u[nu].last = j;
+        u[nu].count = 1;
+        nu++;
+      } else {
+        uniq *q = &u[dd[i].u];
+        next[q->last - a] = j;
+        q->last = j;
+        if (q->count++ == 1) multi++;
+      }
+    }
+    n_uniq += nu;
+    /* 2. sum repeated keys in batch order; check finiteness (SKIP) */
+    if ((size_t)multi * dim > sum_cap) {
+      free(sum);
+      sum_cap = (size_t)multi * dim;
+      sum = malloc(sum_cap * sizeof(float));
+      if (!sum) goto nomem;
+    }
+    uint32_t m = 0, live = 0;
+    for (uint32_t k = 0; k < nu; k++) {
+      uniq *q = &u[k];
+      const float *gr = grads + (size_t)g.pos[q->first] * dim;
+      if (q->count > 1) {
+        float *acc = sum + (size_t)m++ * dim;
+        memcpy(acc, gr, dim * sizeof(float));
+        for (uint32_t j = next[q->first - a]; j != UINT32_MAX; j = next[j - a]) {
+          const float *x = grads + (size_t)g.pos[j] * dim;
+          for (size_t e = 0; e < dim; e++) acc[e] += x[e];
+        }
+        gr = acc;
+      }
+      if (skip && any_nonfinite(gr, dim)) {
+        n_nonfinite++;
+        continue;
+      }
+      q->grad = gr;
+      u[live++] = *q; /* compact: live <= k */
+    }
+    /* 3. update the rows under the write lock */
+    dynemb_shard *sh = &t->shards[s];
+    pthread_rwlock_wrlock(&sh->lock);
+    for (uint32_t k = 0; k < live; k++) {
+      if (k + IDX_PF < live)
+        dynemb_index_prefetch(&sh->rows, g.hash[u[k + IDX_PF].first]);
+      u[k].entry = dynemb_index_find(&sh->rows, g.key[u[k].first],
+                                     g.hash[u[k].first]);
+    }
+    const size_t row_bytes = (size_t)t->row_floats * sizeof(float);
+    for (uint32_t k = 0; k < live; k++) {
+      if (k + ROW_PF < live && u[k + ROW_PF].entry)
+        prefetch_lines(row_of(sh, u[k + ROW_PF].entry->loc), row_bytes, 1);
+      if (!u[k].entry) {
+        n_dropped++;
+        continue;
+      }
+      dynemb_optim_apply(&t->cfg.optimizer, row_of(sh, u[k].entry->loc),
+                         u[k].grad, t->dim, lr, step);
+      n_applied++;
+    }
+    pthread_rwlock_unlock(&sh->lock);
+  }
+  goto done;
+nomem:
+  rc = dynemb_error_set(DYNEMB_ENOMEM,
+                        "table '%s': out of memory for an apply batch of %zu "
+                        "keys; use smaller batches",
+                        t->name, n);
+done:
+  free(g.mem);
+  free(dd);
+  free(u);
+  free(next);
+  free(sum);
+  if (n_applied) ADD(&t->n_applied, (uint64_t)n_applied);
+  if (n_dropped) ADD(&t->n_dropped, (uint64_t)n_dropped);
+  if (n_nonfinite) ADD(&t->n_nonfinite, (uint64_t)n_nonfinite);
+  if (stats) {
+    stats->unique_keys = n_uniq;
+    stats->applied = n_applied;
+    stats->dropped_unknown = n_dropped;
+    stats->skipped_nonfinite = n_nonfinite;
+  }
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Eviction and clear                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Removes entries older than the threshold; frees row slots if `arena`. */
+static uint64_t evict_index(dynemb_index *ix, dynemb_arena *arena, int64_t now,
+                            int64_t threshold) {
+  uint64_t removed = 0;
+  if (!ix->count) return 0;
+  uint64_t i = 0;
+  while (i < ix->cap) {
+    dynemb_index_entry *e = ix->slots + i;
+    if (e->loc != DYNEMB_LOC_EMPTY &&
+        now - (int64_t)LOAD(&e->last_access) > threshold) {
+      if (arena) dynemb_arena_release(arena, DYNEMB_LOC_SLOT(e->loc));
+      /* backward shift may move an unvisited entry into i: look again */
+      dynemb_index_erase_at(ix, i);
+      removed++;
+      if (!ix->count) break;
+    } else {
+      i++;
+    }
+  }
+  return removed;
+}
+
+int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
+  dynemb_error_clear();
+  if (evicted) *evicted = 0;
+  if (!t) return null_table("dynemb_evict");
+  int rc = check_now(t, now);
+  if (rc) return rc;
+  int64_t thr = LOAD(&t->eviction_threshold);
+  if (thr <= 0) return DYNEMB_OK;
+  uint64_t rows = 0, cands = 0;
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    dynemb_shard *sh = &t->shards[s];
+    pthread_rwlock_wrlock(&sh->lock);
+    uint64_t r = evict_index(&sh->rows, &sh->arena, now, thr);
+    cands += evict_index(&sh->cands, NULL, now, thr);
+    if (r) ADD(&t->rows_total, (uint64_t)0 - r);
+    pthread_rwlock_unlock(&sh->lock);
+    rows += r;
+  }
+  if (rows) ADD(&t->n_evicted, rows);
+  if (cands) ADD(&t->n_evicted_cands, cands);
+  if (evicted) *evicted = (size_t)rows;
+  return DYNEMB_OK;
+}
+
+void dynemb_table_clear(dynemb_table *t) {
+  if (!t) return;
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    dynemb_shard *sh = &t->shards[s];
+    pthread_rwlock_wrlock(&sh->lock);
+    uint64_t r = sh->rows.count;
+    dynemb_index_reset(&sh->rows);
+    dynemb_index_reset(&sh->cands);
+    dynemb_arena_free(&sh->arena);
+    if (r) ADD(&t->rows_total, (uint64_t)0 - r);
+    pthread_rwlock_unlock(&sh->lock);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                                */
+/* ------------------------------------------------------------------------ */
+
+void dynemb_table_get_stats(dynemb_table *t, dynemb_table_stats *st) {
+  if (!st) return;
+  memset(st, 0, sizeof *st);
+  if (!t) return;
+  uint64_t bytes = sizeof *t + (uint64_t)t->nshards * sizeof *t->shards +
+                   (uint64_t)t->dim * sizeof(float) + strlen(t->name) + 1;
+  if (t->ssd_data_path) bytes += strlen(t->ssd_data_path) + 1;
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    dynemb_shard *sh = &t->shards[s];
+    pthread_rwlock_rdlock(&sh->lock);
+    st->size += sh->rows.count;
+    st->candidates += sh->cands.count;
+    st->capacity += sh->arena.slots;
+    bytes += dynemb_index_bytes(&sh->rows) + dynemb_index_bytes(&sh->cands) +
+             dynemb_arena_bytes(&sh->arena);
+    pthread_rwlock_unlock(&sh->lock);
+  }
+  st->bytes = bytes;
+  st->lookups = LOAD(&t->n_lookups);
+  st->hits = LOAD(&t->n_hits);
+  st->inserted = LOAD(&t->n_inserted);
+  st->rejected = LOAD(&t->n_rejected);
+  st->evicted = LOAD(&t->n_evicted);
+  st->evicted_candidates = LOAD(&t->n_evicted_cands);
+  st->applied = LOAD(&t->n_applied);
+  st->dropped_gradients = LOAD(&t->n_dropped);
+  st->nonfinite_skipped = LOAD(&t->n_nonfinite);
+  st->apply_steps = LOAD(&t->apply_steps);
+}
+
+uint64_t dynemb_table_size(dynemb_table *t) {
+  uint64_t n = 0;
+  if (!t) return 0;
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    pthread_rwlock_rdlock(&t->shards[s].lock);
+    n += t->shards[s].rows.count;
+    pthread_rwlock_unlock(&t->shards[s].lock);
+  }
+  return n;
+}
+
+uint64_t dynemb_table_capacity(dynemb_table *t) {
+  uint64_t n = 0;
+  if (!t) return 0;
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    pthread_rwlock_rdlock(&t->shards[s].lock);
+    n += t->shards[s].arena.slots;
+    pthread_rwlock_unlock(&t->shards[s].lock);
+  }
+  return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sorting (snapshot order, import dedupe)                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kv {
+  uint64_t k; /* key with the sign bit flipped: unsigned order = key order */
+  uint64_t v;
+} kv;
+
+static inline uint64_t sort_key(int64_t key) {
+  return (uint64_t)key ^ (UINT64_C(1) << 63);
+}
+
+/* Stable LSD radix sort by k (bytes whose value is the same everywhere
+ * are skipped). Returns DYNEMB_ENOMEM if the buffer cannot be allocated. */
+static int radix_sort(kv *a, size_t n) {
+  if (n < 2) return DYNEMB_OK;
+  size_t(*hist)[256] = calloc(8, sizeof *hist);
+  kv *tmp = malloc(n * sizeof *tmp);
+  if (!hist || !tmp) {
+    free(hist);
+    free(tmp);
+    return DYNEMB_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++)
+    for (int d = 0; d < 8; d++) hist[d][(a[i].k >> (8 * d)) & 0xff]++;
+  kv *src = a, *dst = tmp;
+  for (int d = 0; d < 8; d++) {
+    size_t *h = hist[d];
+    if (h[(src[0].k >> (8 * d)) & 0xff] == n) continue; /* one value */
+    size_t run = 0;
+    for (int c = 0; c < 256; c++) {
+      size_t x = h[c];
+      h[c] = run;
+      run += x;
+    }
+    for (size_t i = 0; i < n; i++) dst[h[(src[i].k >> (8 * d)) & 0xff]++] = src[i];
+    kv *sw = src;
+    src = dst;
+    dst = sw;
+  }
+  if (src != a) memcpy(a, src, n * sizeof *a);
+  free(tmp);
+  free(hist);
+  return DYNEMB_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Snapshot                                                                  */
+/* ------------------------------------------------------------------------ */
+
+void dynemb_snapshot_free(dynemb_snapshot *snap) {
+  if (!snap) return;
+  free(snap->keys);
+  free(snap->values);
+  free(snap->last_access);
+  free(snap->cand_keys);
+  free(snap->cand_counts);
+  free(snap->cand_last_access);
+  memset(snap, 0, sizeof *snap);
+}
+
+static void lock_all(dynemb_table *t, int write) {
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    if (write)
+      pthread_rwlock_wrlock(&t->shards[s].lock);
+    else
+      pthread_rwlock_rdlock(&t->shards[s].lock);
+  }
+}
+
+static void unlock_all(dynemb_table *t) {
+  for (uint32_t s = t->nshards; s-- > 0;)
+    pthread_rwlock_unlock(&t->shards[s].lock);
+}
+
+/* Collects (key, shard << 40 | position) of every entry of the chosen
+ * index of every shard. */
+static size_t collect(dynemb_table *t, int cands, kv *out) {
+  size_t n = 0;
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    const dynemb_index *ix = cands ? &t->shards[s].cands : &t->shards[s].rows;
+    if (!ix->count) continue;
+    for (uint64_t i = 0; i < ix->cap; i++)
+      if (ix->slots[i].loc != DYNEMB_LOC_EMPTY) {
+        out[n].k = sort_key(ix->slots[i].key);
+        out[n].v = ((uint64_t)s << 40) | i;
+        n++;
+      }
+  }
+  return n;
+}
+
+static inline dynemb_index_entry *entry_of(dynemb_table *t, int cands,
+                                           uint64_t v) {
+  dynemb_shard *sh = &t->shards[v >> 40];
+  dynemb_index *ix = cands ? &sh->cands : &sh->rows;
+  return ix->slots + (v & ((UINT64_C(1) << 40) - 1));
+}
+
+int dynemb_table_snapshot(dynemb_table *t, dynemb_snapshot *snap) {
+  dynemb_error_clear();
+  if (!snap)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "dynemb_table_snapshot: snapshot pointer is NULL");
+  memset(snap, 0, sizeof *snap);
+  if (!t) return null_table("dynemb_table_snapshot");
+  lock_all(t, 0);
+  size_t rows = 0, cands = 0;
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    rows += t->shards[s].rows.count;
+    cands += t->shards[s].cands.count;
+  }
+  const size_t rf = (size_t)t->row_floats;
+  snap->dim = t->dim;
+  snap->row_floats = t->row_floats;
+  snap->optimizer_kind = t->cfg.optimizer.kind;
+  snap->apply_steps = LOAD(&t->apply_steps);
+  snap->rows = rows;
+  snap->candidates = cands;
+  kv *order = malloc((rows > cands ? rows : cands) * sizeof *order + 1);
+  snap->keys = malloc(rows * sizeof *snap->keys + 1);
+  snap->values = malloc(rows * rf * sizeof *snap->values + 1);
+  snap->last_access = malloc(rows * sizeof *snap->last_access + 1);
+  snap->cand_keys = malloc(cands * sizeof *snap->cand_keys + 1);
+  snap->cand_counts = malloc(cands * sizeof *snap->cand_counts + 1);
+  snap->cand_last_access = malloc(cands * sizeof *snap->cand_last_access + 1);
+  int ok = order && snap->keys && snap->values && snap->last_access &&
+           snap->cand_keys && snap->cand_counts && snap->cand_last_access;
+  if (ok) {
+    collect(t, 0, order);
+    ok = radix_sort(order, rows) == DYNEMB_OK;
+  }
+  if (ok) {
+    for (size_t i = 0; i < rows; i++) {
+      dynemb_index_entry *e = entry_of(t, 0, order[i].v);
+      snap->keys[i] = e->key;
+      snap->last_access[i] = LOAD(&e->last_access);
+      memcpy(snap->values + i * rf,
+             row_of(&t->shards[order[i].v >> 40], e->loc), rf * sizeof(float));
+    }
+    collect(t, 1, order);
+    ok = radix_sort(order, cands) == DYNEMB_OK;
+  }
+  if (ok) {
+    for (size_t i = 0; i < cands; i++) {
+      dynemb_index_entry *e = entry_of(t, 1, order[i].v);
+      snap->cand_keys[i] = e->key;
+      snap->cand_counts[i] = e->loc;
+      snap->cand_last_access[i] = e->last_access;
+    }
+  }
+  unlock_all(t);
+  free(order);
+  if (!ok) {
+    dynemb_snapshot_free(snap);
+    return dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory for a snapshot of %zu "
+                            "rows x %zu floats",
+                            t->name, rows, rf);
+  }
+  return DYNEMB_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Import                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Selects the entries of `keys` in the wanted key shard, sorted by key,
+ * keeping the last of repeated keys. Returns the count or SIZE_MAX. */
+static size_t select_keys(const int64_t *keys, size_t n, uint32_t shard_index,
+                          uint32_t shard_count, kv **out) {
+  kv *a = malloc(n * sizeof *a + 1);
+  if (!a) return SIZE_MAX;
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (shard_count > 1 && dynemb_key_shard(keys[i], shard_count) != shard_index)
+      continue;
+    a[m].k = sort_key(keys[i]);
+    a[m].v = i;
+    m++;
+  }
+  if (radix_sort(a, m)) {
+    free(a);
+    return SIZE_MAX;
+  }
+  size_t w = 0;
+  for (size_t i = 0; i < m; i++) {
+    if (w && a[w - 1].k == a[i].k)
+      a[w - 1] = a[i]; /* stable sort: the later one wins */
+    else
+      a[w++] = a[i];
+  }
+  *out = a;
+  return w;
+}
+
+int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
+                        unsigned flags, uint32_t shard_index,
+                        uint32_t shard_count) {
+  dynemb_error_clear();
+  if (!t) return null_table("dynemb_table_import");
+  if (!snap)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': import got a NULL snapshot",
+                            t->name);
+  if (flags & ~(unsigned)(DYNEMB_IMPORT_REPLACE | DYNEMB_IMPORT_EMBEDDING_ONLY |
+                          DYNEMB_IMPORT_KEEP_STEPS))
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': import flags 0x%x contain unknown "
+                            "bits; use DYNEMB_IMPORT_REPLACE, "
+                            "_EMBEDDING_ONLY and _KEEP_STEPS",
+                            t->name, flags);
+  if (shard_count > 1 && shard_index >= shard_count)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': import shard_index %u is not below "
+                            "shard_count %u; pass 0 .. shard_count-1",
+                            t->name, shard_index, shard_count);
+  if (snap->dim != t->dim)
+    return dynemb_error_set(DYNEMB_EDIM,
+                            "table '%s': snapshot has dim %d but the table has "
+                            "dim %d; create the table with dim %d or import "
+                            "the matching data",
+                            t->name, snap->dim, t->dim, snap->dim);
+  int sslots = dynemb_optim_slot_count(snap->optimizer_kind);
+  if (sslots < 0 || snap->row_floats != snap->dim * (1 + sslots))
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': snapshot is inconsistent (optimizer "
+                            "kind %d, %d floats per row for dim %d)",
+                            t->name, snap->optimizer_kind, snap->row_floats,
+                            snap->dim);
+  const int emb_only = (flags & DYNEMB_IMPORT_EMBEDDING_ONLY) != 0;
+  if (!emb_only && (snap->optimizer_kind != t->cfg.optimizer.kind ||
+                    snap->row_floats != t->row_floats))
+    return dynemb_error_set(
+        DYNEMB_EMISMATCH,
+        "table '%s': snapshot rows hold optimizer %s state (%d floats per "
+        "row) but the table uses %s (%d floats per row); use the same "
+        "optimizer or pass DYNEMB_IMPORT_EMBEDDING_ONLY to take only the "
+        "embeddings",
+        t->name, dynemb_optim_name(snap->optimizer_kind), snap->row_floats,
+        dynemb_optim_name(t->cfg.optimizer.kind), t->row_floats);
+  if ((snap->rows && (!snap->keys || !snap->values)) ||
+      (snap->candidates && (!snap->cand_keys || !snap->cand_counts)))
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': snapshot has %zu rows / %zu "
+                            "candidates but NULL arrays for them",
+                            t->name, snap->rows, snap->candidates);
+  const int replace = (flags & DYNEMB_IMPORT_REPLACE) != 0;
+  kv *rsel = NULL, *csel = NULL;
+  uint64_t *need = NULL; /* per shard: new rows, new candidates */
+  size_t nr = select_keys(snap->keys, snap->rows, shard_index, shard_count, &rsel);
+  size_t nc = nr == SIZE_MAX ? SIZE_MAX
+                             : select_keys(snap->cand_keys, snap->candidates,
+                                           shard_index, shard_count, &csel);
+  need = calloc((size_t)t->nshards * 2, sizeof *need);
+  if (nr == SIZE_MAX || nc == SIZE_MAX || !need) {
+    free(rsel);
+    free(csel);
+    free(need);
+    return dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory importing %zu rows",
+                            t->name, snap->rows);
+  }
+  int rc = DYNEMB_OK;
+  lock_all(t, 1);
+  /* 1. count what will be added (nothing changes yet) */
+  uint64_t total = 0;
+  for (uint32_t s = 0; s < t->nshards; s++)
+    total += replace ? 0 : t->shards[s].rows.count;
+  for (size_t i = 0; i < nr; i++) {
+    int64_t key = snap->keys[rsel[i].v];
+    uint64_t h = dynemb_hash_key(key);
+    uint32_t s = dynemb_table_shard_of(t, h);
+    if (replace || !dynemb_index_find(&t->shards[s].rows, key, h)) {
+      need[2 * s]++;
+      total++;
+    }
+  }
+  for (size_t i = 0; i < nc; i++) {
+    uint32_t s = dynemb_table_shard_of(t, dynemb_hash_key(snap->cand_keys[csel[i].v]));
+    need[2 * s + 1]++;
+  }
+  uint64_t budget = t->cfg.host_vocabulary_size;
+  if (budget && total > budget)
+    rc = dynemb_error_set(DYNEMB_ECAPACITY,
+                          "table '%s': importing would make %llu rows but "
+                          "host_vocabulary_size is %llu; raise "
+                          "host_vocabulary_size or enable eviction",
+                          t->name, (unsigned long long)total,
+                          (unsigned long long)budget);
+  /* 2. reserve index entries and row slots, so that step 3 cannot fail */
+  for (uint32_t s = 0; s < t->nshards && !rc; s++) {
+    dynemb_shard *sh = &t->shards[s];
+    uint64_t rows_now = replace ? 0 : sh->rows.count;
+    uint64_t free_now = dynemb_arena_available(&sh->arena) +
+                        (replace ? sh->rows.count : 0);
+    uint64_t nr_s = need[2 * s], nc_s = need[2 * s + 1];
+    int r = dynemb_index_reserve(&sh->rows, rows_now + nr_s);
+    if (!r) r = dynemb_index_reserve(&sh->cands,
+                                     (replace ? 0 : sh->cands.count) + nc_s);
+    if (!r && nr_s > free_now)
+      r = dynemb_arena_reserve(&sh->arena,
+                               dynemb_arena_available(&sh->arena) + (nr_s - free_now));
+    if (r) rc = insert_error(t, r);
+  }
+  /* 3. apply */
+  if (!rc) {
+    const size_t rf = (size_t)t->row_floats, srf = (size_t)snap->row_floats;
+    if (replace) {
+      for (uint32_t s = 0; s < t->nshards; s++) {
+        dynemb_shard *sh = &t->shards[s];
+        dynemb_index_clear_keep(&sh->rows);
+        dynemb_index_clear_keep(&sh->cands);
+        dynemb_arena_clear_keep(&sh->arena);
+      }
+    }
+    uint64_t rows_after = 0;
+    for (size_t i = 0; i < nr; i++) {
+      size_t src = rsel[i].v;
+      int64_t key = snap->keys[src];
+      uint64_t h = dynemb_hash_key(key);
+      dynemb_shard *sh = &t->shards[dynemb_table_shard_of(t, h)];
+      uint32_t la = snap->last_access ? snap->last_access[src] : 0;
+      dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);
+      if (!e) {
+        uint32_t slot = 0;
+        dynemb_arena_alloc(&sh->arena, &slot); /* reserved: cannot fail */
+        e = dynemb_index_insert(&sh->rows, key, h,
+                                DYNEMB_LOC(DYNEMB_TIER_HOST, slot), la);
+      } else {
+        e->last_access = la;
+      }
+      float *row = row_of(sh, e->loc);
+      const float *from = snap->values + src * srf;
+      if (emb_only) {
+        memcpy(row, from, (size_t)t->dim * sizeof(float));
+        if (t->slots)
+          dynemb_optim_init_slots(&t->cfg.optimizer, row + t->dim, t->dim);
+      } else {
+        memcpy(row, from, rf * sizeof(float));
+      }
+      if (sh->cands.count) {
+        dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);
+        if (c) dynemb_index_erase_at(&sh->cands, (uint64_t)(c - sh->cands.slots));
+      }
+    }
+    for (size_t i = 0; i < nc; i++) {
+      size_t src = csel[i].v;
+      int64_t key = snap->cand_keys[src];
+      uint64_t h = dynemb_hash_key(key);
+      dynemb_shard *sh = &t->shards[dynemb_table_shard_of(t, h)];
+      if (dynemb_index_find(&sh->rows, key, h)) continue; /* row wins */
+      uint32_t cnt = snap->cand_counts[src];
+      if (cnt >= DYNEMB_LOC_EMPTY) cnt = DYNEMB_LOC_EMPTY - 1;
+      uint32_t la = snap->cand_last_access ? snap->cand_last_access[src] : 0;
+      dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);
+      if (!c)
+        dynemb_index_insert(&sh->cands, key, h, cnt, la);
+      else {
+        c->loc = cnt;
+        c->last_access = la;
+      }
+    }
+    for (uint32_t s = 0; s < t->nshards; s++) rows_after += t->shards[s].rows.count;
+    STORE(&t->rows_total, rows_after);
+    if (!(flags & DYNEMB_IMPORT_KEEP_STEPS)) STORE(&t->apply_steps, snap->apply_steps);
+  }
+  unlock_all(t);
+  free(rsel);
+  free(csel);
+  free(need);
+  return rc;
+}

@@ -1,0 +1,66 @@
+/*
+ * table.h -- the table object (internal): lock shards, each holding a key
+ * index, an admission-candidate index and a row arena.
+ *
+ * A key's shard is the top bits of dynemb_hash_key(key) (equal to
+ * dynemb_key_shard(key, nshards)); each shard has its own rwlock, so
+ * lookups/applies on different shards never contend and a rehash stalls one
+ * shard only. Row layout (known only by table.c): `dim` embedding floats,
+ * then dynemb_optim_slot_count(kind) * dim optimizer slot floats.
+ *
+ * Lifetime: registry.c owns the name -> table map and the reference count;
+ * it calls dynemb_table_new / dynemb_table_destroy.
+ */
+#ifndef DYNEMB_TABLE_H
+#define DYNEMB_TABLE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "dynemb.h"
+#include "index.h"
+
+typedef struct dynemb_shard {
+  pthread_rwlock_t lock;
+  dynemb_index rows;  /* key -> DYNEMB_LOC(tier, slot), last access */
+  dynemb_index cands; /* key -> occurrence count (in loc), last access */
+  dynemb_arena arena;
+} __attribute__((aligned(64))) dynemb_shard;
+
+struct dynemb_table {
+  char *name;
+  dynemb_table_config cfg; /* pointers point into this table */
+  float *default_value;    /* [dim], never NULL */
+  char *ssd_data_path;     /* copy or NULL */
+  int dim;
+  int slots;      /* optimizer slots, in units of dim */
+  int row_floats; /* dim * (1 + slots) */
+  uint32_t nshards;
+  uint32_t shard_bits; /* nshards = 1 << shard_bits */
+  dynemb_shard *shards;
+
+  /* Run-time settings and counters: relaxed __atomic accesses. */
+  uint32_t access_threshold;
+  int64_t eviction_threshold;
+  uint64_t apply_steps;
+  uint64_t rows_total; /* for the host budget */
+  uint64_t n_lookups, n_hits, n_inserted, n_rejected, n_evicted,
+      n_evicted_cands, n_applied, n_dropped, n_nonfinite;
+
+  /* Registry bookkeeping (registry.c). */
+  int refs;       /* atomic */
+  int registered; /* under the registry mutex */
+};
+
+/* Validates `cfg` (every field; the message names the table and the fix)
+ * and builds an unregistered table with refs = 1. */
+int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out);
+void dynemb_table_destroy(dynemb_table *t);
+
+static inline uint32_t dynemb_table_shard_of(const dynemb_table *t,
+                                             uint64_t h) {
+  return t->shard_bits ? (uint32_t)(h >> (64 - t->shard_bits)) : 0;
+}
+
+#endif

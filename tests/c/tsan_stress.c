@@ -1,0 +1,197 @@
+/*
+ * tsan_stress.c -- concurrency stress test, built with ThreadSanitizer.
+ *
+ * Several threads run train lookups, SGD applies, evictions, snapshots,
+ * stats and registry find/release on one table at once. Keys come in two
+ * classes: "stale" keys inserted at time 0 before the threads start (the
+ * evictors remove them) and "live" keys that the workers look up at time
+ * >= 1000 (never old enough to be evicted). Afterwards no live key is lost,
+ * every live row equals minus the number of times it was updated (each
+ * apply adds gradient 1 with learning rate 1 to a zero row), and the stats
+ * counters add up to what the threads did.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "dynemb.h"
+
+enum { THREADS = 4, LIVE = 20000, STALE = 5000, ROUNDS = 150, BATCH = 256, DIM = 4 };
+
+static dynemb_table *T;
+static int stop_flag;
+
+typedef struct worker {
+  int id;
+  uint64_t seed;
+  uint32_t applied_times[LIVE]; /* this thread's updates per live key */
+  unsigned char seen[LIVE];
+  uint64_t lookups, applied, dropped, errors;
+} worker;
+
+static uint64_t next_rand(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+static int64_t live_key(uint32_t i) { return (int64_t)i * 7919 - 3000000; }
+static int64_t stale_key(uint32_t i) { return INT64_C(1) << 40 | i; }
+
+static void *work(void *arg) {
+  worker *w = arg;
+  int64_t keys[BATCH];
+  uint32_t idx[BATCH];
+  float out[BATCH * DIM], g[BATCH * DIM];
+  for (int i = 0; i < BATCH * DIM; i++) g[i] = 1.0f;
+  for (int r = 0; r < ROUNDS; r++) {
+    for (int i = 0; i < BATCH; i++) {
+      /* half the batch from a hot range shared by all threads */
+      uint64_t x = next_rand(&w->seed);
+      idx[i] = (uint32_t)(i % 2 ? x % 500 : x % LIVE);
+      keys[i] = live_key(idx[i]);
+    }
+    int64_t now = 1000 + r;
+    if (dynemb_lookup(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, now, out)) w->errors++;
+    w->lookups += BATCH;
+    for (int i = 0; i < BATCH; i++) w->seen[idx[i]] = 1;
+    /* apply to the keys just looked up (so they exist): each distinct key
+     * gets sum of its occurrences' gradients = occurrence count */
+    dynemb_apply_stats as;
+    if (dynemb_apply(T, keys, BATCH, g, 1.0f, &as)) w->errors++;
+    for (int i = 0; i < BATCH; i++) w->applied_times[idx[i]]++;
+    w->applied += as.applied;
+    w->dropped += as.dropped_unknown;
+    if (r % 10 == 0) {
+      dynemb_table_stats st;
+      dynemb_table_get_stats(T, &st);
+    }
+  }
+  return NULL;
+}
+
+static void *evictor(void *arg) {
+  size_t *total = arg;
+  while (!__atomic_load_n(&stop_flag, __ATOMIC_RELAXED)) {
+    size_t ev = 0;
+    if (dynemb_evict(T, 1100, &ev) == DYNEMB_OK) *total += ev;
+  }
+  return NULL;
+}
+
+static void *snapshotter(void *arg) {
+  int *bad = arg;
+  while (!__atomic_load_n(&stop_flag, __ATOMIC_RELAXED)) {
+    dynemb_snapshot s;
+    if (dynemb_table_snapshot(T, &s)) {
+      (*bad)++;
+      continue;
+    }
+    for (size_t i = 1; i < s.rows; i++)
+      if (s.keys[i - 1] >= s.keys[i]) (*bad)++;
+    for (size_t i = 0; i < s.rows * DIM; i++)
+      if (s.values[i] > 0 || s.values[i] != (float)(int)s.values[i]) (*bad)++;
+    dynemb_snapshot_free(&s);
+    dynemb_table *f = NULL;
+    if (dynemb_table_find("stress", &f) == DYNEMB_OK) dynemb_table_release(f);
+    else (*bad)++;
+  }
+  return NULL;
+}
+
+static worker workers[THREADS];
+
+static void test_stress(void) {
+  dynemb_table_config c;
+  dynemb_table_config_init(&c);
+  c.name = "stress";
+  c.dim = DIM;
+  c.shards = 16;
+  c.eviction_threshold = 500;
+  c.optimizer.learning_rate = 1.0f;
+  CHECK_OK(dynemb_table_create(&c, &T));
+  if (!T) return;
+  int64_t *stale = malloc(STALE * sizeof *stale);
+  float *out = malloc(sizeof(float) * STALE * DIM);
+  for (uint32_t i = 0; i < STALE; i++) stale[i] = stale_key(i);
+  CHECK_OK(dynemb_lookup(T, stale, STALE, DYNEMB_LOOKUP_TRAIN, 0, out));
+
+  pthread_t th[THREADS], ev, sn;
+  size_t evicted = 0;
+  int snap_bad = 0;
+  for (int i = 0; i < THREADS; i++) {
+    workers[i].id = i;
+    workers[i].seed = 0x9e3779b97f4a7c15ULL * (uint64_t)(i + 1);
+    pthread_create(&th[i], NULL, work, &workers[i]);
+  }
+  pthread_create(&ev, NULL, evictor, &evicted);
+  pthread_create(&sn, NULL, snapshotter, &snap_bad);
+  for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
+  __atomic_store_n(&stop_flag, 1, __ATOMIC_RELAXED);
+  pthread_join(ev, NULL);
+  pthread_join(sn, NULL);
+  size_t ev_last = 0;
+  CHECK_OK(dynemb_evict(T, 1100, &ev_last));
+  evicted += ev_last;
+
+  CHECK(snap_bad == 0);
+  CHECK(evicted == STALE);
+  uint64_t lookups = STALE, applied = 0, dropped = 0, errors = 0;
+  for (int i = 0; i < THREADS; i++) {
+    lookups += workers[i].lookups;
+    applied += workers[i].applied;
+    dropped += workers[i].dropped;
+    errors += workers[i].errors;
+  }
+  CHECK(errors == 0 && dropped == 0);
+  /* no live key lost, values = -(updates) */
+  uint32_t distinct = 0;
+  int64_t *lk = malloc(LIVE * sizeof *lk);
+  float *lv = malloc(sizeof(float) * LIVE * DIM);
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < LIVE; k++) {
+    int seen = 0;
+    for (int i = 0; i < THREADS; i++) seen |= workers[i].seen[k];
+    if (seen) lk[n++] = live_key(k);
+  }
+  distinct = n;
+  CHECK_OK(dynemb_lookup(T, lk, n, DYNEMB_LOOKUP_EVAL, 0, lv));
+  int wrong = 0;
+  n = 0;
+  for (uint32_t k = 0; k < LIVE; k++) {
+    uint32_t times = 0;
+    int seen = 0;
+    for (int i = 0; i < THREADS; i++) {
+      times += workers[i].applied_times[k];
+      seen |= workers[i].seen[k];
+    }
+    if (!seen) continue;
+    for (int j = 0; j < DIM; j++) wrong += lv[n * DIM + j] != -(float)times;
+    n++;
+  }
+  CHECK(wrong == 0);
+  dynemb_table_stats st;
+  dynemb_table_get_stats(T, &st);
+  CHECK(st.size == distinct);
+  CHECK(st.inserted == distinct + STALE);
+  CHECK(st.evicted == STALE);
+  CHECK(st.lookups == lookups + distinct); /* + the eval check above */
+  CHECK(st.hits + st.inserted + st.rejected == lookups + distinct);
+  CHECK(st.applied == applied && st.dropped_gradients == 0);
+  CHECK(st.apply_steps == (uint64_t)THREADS * ROUNDS);
+  CHECK(st.size <= st.capacity);
+  free(lk);
+  free(lv);
+  free(stale);
+  free(out);
+  dynemb_table_release(T);
+  dynemb_registry_clear();
+}
+
+int main(void) {
+  RUN(test_stress);
+  return check_summary();
+}

@@ -1,0 +1,144 @@
+"""The op library loads, and lookups give the right shapes, dtypes and
+values for int32/int64 ids of any rank, including empty batches."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dynemb
+from dynemb import _lib
+
+
+def _table(name="t", dim=3, init=None, **kw):
+    init = init or tf.compat.v1.constant_initializer(0.25)
+    return dynemb.create_table(tf.int64, dim, name, init, **kw)
+
+
+def test_library_exports_ops_and_engine():
+    for op in ("dynemb_lookup", "dynemb_apply", "dynemb_evict", "dynemb_export",
+               "dynemb_import", "dynemb_stats"):
+        assert hasattr(_lib.ops, op)
+    assert _lib.clib.dynemb_table_create  # engine C API in the same .so
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("shape", [[5], [2, 3], [2, 2, 2], [0], [0, 4]])
+def test_lookup_shapes_and_dtypes(dtype, shape):
+    t = _table(dim=3)
+    ids_np = (np.arange(int(np.prod(shape))) % 4 * 1000003).reshape(shape)
+    ids = tf.compat.v1.placeholder(dtype, [None] * len(shape))
+    out = dynemb.sparse_lookup(t, ids)
+    assert out.dtype == tf.float32
+    assert out.shape.as_list() == [None] * len(shape) + [3]
+    with tf.compat.v1.Session() as s:
+        v = s.run(out, {ids: ids_np.astype(dtype.as_numpy_dtype)})
+    assert v.shape == tuple(shape) + (3,)
+    np.testing.assert_array_equal(v, np.full(v.shape, 0.25, np.float32))
+    assert t.size() == len(set(ids_np.ravel().tolist()))
+
+
+def test_static_shape_and_send_count():
+    t = _table(dim=2)
+    out = dynemb.sparse_lookup(t, tf.constant([[1, 2], [3, 4]], tf.int64))
+    assert out.shape.as_list() == [2, 2, 2]
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    out2 = dynemb.sparse_lookup(t, ids, send_count=6)
+    assert out2.shape.as_list() == [6, 2]
+    with tf.compat.v1.Session() as s:
+        assert s.run(out2, {ids: np.arange(6)}).shape == (6, 2)
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            s.run(out2, {ids: np.arange(5)})
+
+
+def test_int32_and_int64_ids_reach_the_same_rows():
+    t = _table(dim=2, init=tf.compat.v1.random_uniform_initializer(-1, 1, seed=3))
+    a = dynemb.sparse_lookup(t, tf.constant([7, -5, 2**31 - 1], tf.int32))
+    b = dynemb.sparse_lookup(t, tf.constant([7, -5, 2**31 - 1], tf.int64))
+    with tf.compat.v1.Session() as s:
+        va, vb = s.run([a, b])
+    np.testing.assert_array_equal(va, vb)
+    assert t.size() == 3
+
+
+def test_initial_values_are_a_function_of_seed_and_key():
+    init = tf.compat.v1.truncated_normal_initializer(stddev=0.1, seed=42)
+    t = dynemb.create_table(tf.int64, 8, "a", init)
+    u = dynemb.create_table(tf.int64, 8, "b", init)
+    x = dynemb.sparse_lookup(t, tf.constant([1, 2, 3], tf.int64))
+    y = dynemb.sparse_lookup(u, tf.constant([3, 2, 1], tf.int64))
+    with tf.compat.v1.Session() as s:
+        vx, vy = s.run([x, y])
+    np.testing.assert_array_equal(vx, vy[::-1])
+    assert np.all(np.abs(vx) <= 0.2 + 1e-6) and np.std(vx) > 0.01
+
+
+def test_eval_lookup_reads_default_and_inserts_nothing():
+    t = _table(dim=2)
+    train = dynemb.sparse_lookup(t, tf.constant([1], tf.int64))
+    ev = dynemb.sparse_lookup(t, tf.constant([1, 99], tf.int64), is_train=False)
+    with tf.compat.v1.Session() as s:
+        s.run(train)
+        v = s.run(ev)
+    np.testing.assert_array_equal(v, [[0.25, 0.25], [0, 0]])
+    assert t.size() == 1
+
+
+def test_gradient_is_indexed_slices_keyed_by_ids():
+    t = _table(dim=2)
+    ids = tf.constant([[4, 5], [4, 6]], tf.int32)
+    out = dynemb.sparse_lookup(t, ids)
+    loss = tf.reduce_sum(out * tf.constant([[[1.0], [2.0]], [[3.0], [4.0]]]))
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    (g,) = tf.gradients(loss, sparse)
+    assert isinstance(g, tf.IndexedSlices)
+    with tf.compat.v1.Session() as s:
+        idx, val = s.run([g.indices, g.values])
+    assert idx.dtype == np.int64
+    np.testing.assert_array_equal(idx, [4, 5, 4, 6])
+    np.testing.assert_array_equal(val, [[1, 1], [2, 2], [3, 3], [4, 4]])
+
+
+def test_table_reused_across_graphs_with_same_config():
+    t = _table(name="keep", dim=2)
+    out = dynemb.sparse_lookup(t, tf.constant([1, 2], tf.int64))
+    with tf.compat.v1.Session() as s:
+        s.run(out)
+    with tf.Graph().as_default():
+        t2 = _table(name="keep", dim=2)
+        assert t2.size() == 2
+        with tf.compat.v1.Session() as s:
+            s.run(dynemb.sparse_lookup(t2, tf.constant([3], tf.int64)))
+    assert t.size() == 3
+
+
+def test_stats_and_capacity():
+    t = _table(dim=2)
+    out = dynemb.sparse_lookup(t, tf.constant([1, 1, 2], tf.int64))
+    with tf.compat.v1.Session() as s:
+        s.run(out)
+        st = dict(zip(_lib.STATS_FIELDS, s.run(t.stats_op())))
+    assert st["size"] == 2 and st["lookups"] == 3 and st["inserted"] == 2
+    assert t.capacity() >= t.size() == 2
+
+
+def test_ops_are_stateful():
+    from tensorflow.python.framework import op_def_registry
+    for op in ("DynembLookup", "DynembApply", "DynembEvict", "DynembExport",
+               "DynembImport", "DynembStats"):
+        assert op_def_registry.get(op).is_stateful, op
+
+
+def test_graph_mode_required():
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import os; os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        import tensorflow as tf, dynemb
+        dynemb.init()
+        try:
+            dynemb.create_table(tf.int64, 2, "t", tf.compat.v1.zeros_initializer())
+        except RuntimeError as e:
+            print("ERR", e)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "ERR" in r.stdout and "graph mode" in r.stdout, r.stdout + r.stderr[-1000:]

@@ -1,0 +1,631 @@
+/*
+ * dynemb_ops.c -- TensorFlow op library for dynemb, written in C against
+ * TensorFlow's C op/kernel API (tensorflow/c/ops.h, tensorflow/c/kernels.h).
+ *
+ * This is the ONLY translation unit that includes TensorFlow headers:
+ * kernels.h defines `const size_t TF_InputRange_Args_STRUCT_SIZE` at file
+ * scope, so two C files including it fail to link (multiple definition).
+ * The engine (build/libdynemb.a, -fPIC, hidden visibility except the public
+ * DYNEMB_API functions) is linked in statically, so the same loaded .so also
+ * exports dynemb_* for Python's ctypes (tables are created at graph
+ * construction time from Python, then found by name from the kernels).
+ *
+ * Ops (all CPU, all stateful so TF never prunes, merges or constant-folds
+ * them; tables are found by name in the engine's process registry on every
+ * call, because the kernel instance is per (session, node) and a table may
+ * be dropped and re-created between sessions):
+ *   DynembLookup  ids(int32|int64, any shape), now(int64 scalar),
+ *                 anchor(float, ignored) -> embeddings float [n, dim]
+ *   DynembApply   keys int64 [n], grads float [n, dim], learning_rate float
+ *                 scalar -> applied int64 scalar
+ *   DynembEvict   now int64 scalar -> evicted int64 scalar
+ *   DynembExport  -> meta int64[3] (dim, row_floats, optimizer kind), keys,
+ *                 values [rows, row_floats], last_access, cand_keys,
+ *                 cand_counts, cand_last_access, apply_steps (scalar)
+ *   DynembImport  the same eight tensors -> size int64 scalar (rows after)
+ *   DynembStats   -> int64 [14] (dynemb_table_stats, in field order)
+ *
+ * Facts about TF 2.15.1's C API verified while writing this file:
+ *  - tf.load_op_library calls no init symbol: registration runs from an
+ *    __attribute__((constructor)) function below.
+ *  - Shape functions are set to "unknown shape" in C
+ *    (TF_ShapeInferenceContextSetUnknownShape sets every output); Python
+ *    calls set_shape with what it knows (ops.h cannot read int/string attrs
+ *    in shape functions).
+ *  - TF_OpDefinitionBuilderSetIsStateful(b, true) yields op_def.is_stateful
+ *    (checked from Python in tests/py/test_bridge.py). Reportedly the bool
+ *    argument is ignored by some versions, so only true is ever passed.
+ *  - TF_OpKernelConstruction_GetAttrString memcpy's min(len, max_length)
+ *    bytes and does not NUL-terminate (tensorflow/c/kernels.cc): the length
+ *    comes from TF_OpKernelConstruction_GetAttrSize (total_size) and the
+ *    buffer is calloc'ed one byte longer.
+ *  - TF_ShapeInferenceContextSetUnknownShape sets every output (ops.h), so
+ *    one shape function serves all six ops.
+ *  - A kernel registered without TF_KernelBuilder_TypeConstraint serves
+ *    every type the op's type attr allows (int32 and int64 ids here).
+ *  - ops.h is C++-only as shipped: it declares `struct TF_ShapeHandle;` etc.
+ *    without typedefs and then uses the bare type names; C needs the
+ *    typedefs below before including it.
+ *  - TF_GetInput and TF_AllocateOutput return TF_Tensor wrappers the caller
+ *    must TF_DeleteTensor (the buffers stay owned by TF).
+ */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensorflow/c/kernels.h"
+/* ops.h forward-declares its handle types as `struct X;` without typedefs
+ * (valid only in C++), then uses the bare names: C needs the typedefs
+ * first. */
+typedef struct TF_DimensionHandle TF_DimensionHandle;
+typedef struct TF_OpDefinitionBuilder TF_OpDefinitionBuilder;
+typedef struct TF_ShapeHandle TF_ShapeHandle;
+typedef struct TF_ShapeInferenceContext TF_ShapeInferenceContext;
+#include "tensorflow/c/ops.h"
+#include "tensorflow/c/tf_datatype.h"
+#include "tensorflow/c/tf_status.h"
+#include "tensorflow/c/tf_tensor.h"
+
+#include "dynemb.h"
+
+/* ------------------------------------------------------------------------ */
+/* Helpers                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static TF_Code code_of(int rc) {
+  switch (rc) {
+  case DYNEMB_EINVAL: return TF_INVALID_ARGUMENT;
+  case DYNEMB_ENOMEM: return TF_RESOURCE_EXHAUSTED;
+  case DYNEMB_EEXIST: return TF_ALREADY_EXISTS;
+  case DYNEMB_ENOTFOUND: return TF_NOT_FOUND;
+  case DYNEMB_EDIM: return TF_INVALID_ARGUMENT;
+  case DYNEMB_ENONFINITE: return TF_INVALID_ARGUMENT;
+  case DYNEMB_EIO: return TF_UNAVAILABLE;
+  case DYNEMB_ECORRUPT: return TF_DATA_LOSS;
+  case DYNEMB_EVERSION: return TF_FAILED_PRECONDITION;
+  case DYNEMB_ECAPACITY: return TF_RESOURCE_EXHAUSTED;
+  case DYNEMB_EMISMATCH: return TF_FAILED_PRECONDITION;
+  default: return TF_INTERNAL;
+  }
+}
+
+/* Fails the kernel with a message; `code` TF_OK is never passed. */
+static void fail(TF_OpKernelContext *ctx, TF_Code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void fail(TF_OpKernelContext *ctx, TF_Code code, const char *fmt, ...) {
+  char msg[1280];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  TF_Status *st = TF_NewStatus();
+  TF_SetStatus(st, code, msg);
+  TF_OpKernelContext_Failure(ctx, st);
+  TF_DeleteStatus(st);
+}
+
+/* Fails the kernel with the engine's last error for return code `rc`. */
+static void fail_engine(TF_OpKernelContext *ctx, int rc, const char *op) {
+  const char *m = dynemb_last_error();
+  fail(ctx, code_of(rc), "dynemb %s: %s", op,
+       (m && *m) ? m : dynemb_strerror(rc));
+}
+
+/* Per-kernel state: the table name attr (and is_train for lookups). */
+typedef struct kstate {
+  char *table_name;
+  int is_train;
+  int64_t shard_index, shard_count, flags; /* import only */
+} kstate;
+
+static char *get_string_attr(TF_OpKernelConstruction *c, const char *attr,
+                             TF_Status *st) {
+  int32_t list_size = 0, total = 0;
+  TF_OpKernelConstruction_GetAttrSize(c, attr, &list_size, &total, st);
+  if (TF_GetCode(st) != TF_OK) return NULL;
+  if (total < 0) total = 0;
+  char *s = calloc((size_t)total + 1, 1);
+  if (!s) {
+    TF_SetStatus(st, TF_RESOURCE_EXHAUSTED, "dynemb: out of memory");
+    return NULL;
+  }
+  TF_OpKernelConstruction_GetAttrString(c, attr, s, (size_t)total, st);
+  if (TF_GetCode(st) != TF_OK) {
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+static void *create_common(TF_OpKernelConstruction *c, int lookup,
+                           int import) {
+  TF_Status *st = TF_NewStatus();
+  kstate *k = calloc(1, sizeof *k);
+  if (!k) {
+    TF_SetStatus(st, TF_RESOURCE_EXHAUSTED, "dynemb: out of memory");
+    goto fail;
+  }
+  k->table_name = get_string_attr(c, "table_name", st);
+  if (!k->table_name) goto fail;
+  if (lookup) {
+    TF_Bool b = 1;
+    TF_OpKernelConstruction_GetAttrBool(c, "is_train", &b, st);
+    if (TF_GetCode(st) != TF_OK) goto fail;
+    k->is_train = b ? 1 : 0;
+  }
+  if (import) {
+    TF_OpKernelConstruction_GetAttrInt64(c, "shard_index", &k->shard_index, st);
+    if (TF_GetCode(st) != TF_OK) goto fail;
+    TF_OpKernelConstruction_GetAttrInt64(c, "shard_count", &k->shard_count, st);
+    if (TF_GetCode(st) != TF_OK) goto fail;
+    TF_OpKernelConstruction_GetAttrInt64(c, "flags", &k->flags, st);
+    if (TF_GetCode(st) != TF_OK) goto fail;
+  }
+  TF_DeleteStatus(st);
+  return k;
+fail:
+  TF_OpKernelConstruction_Failure(c, st);
+  TF_DeleteStatus(st);
+  if (k) free(k->table_name);
+  free(k);
+  return NULL;
+}
+
+static void *create_plain(TF_OpKernelConstruction *c) {
+  return create_common(c, 0, 0);
+}
+static void *create_lookup(TF_OpKernelConstruction *c) {
+  return create_common(c, 1, 0);
+}
+static void *create_import(TF_OpKernelConstruction *c) {
+  return create_common(c, 0, 1);
+}
+
+static void delete_state(void *p) {
+  kstate *k = p;
+  if (k) free(k->table_name);
+  free(k);
+}
+
+/* Finds the kernel's table; on failure fails the kernel and returns NULL. */
+static dynemb_table *find_table(TF_OpKernelContext *ctx, const kstate *k,
+                                const char *op) {
+  dynemb_table *t = NULL;
+  int rc = dynemb_table_find(k->table_name, &t);
+  if (rc != DYNEMB_OK) {
+    const char *m = dynemb_last_error();
+    fail(ctx, code_of(rc),
+         "dynemb %s: table '%s' is not registered in this process (%s). "
+         "Create it with dynemb.create_table(name='%s', ...) before running "
+         "the graph, in the same process.",
+         op, k->table_name, (m && *m) ? m : dynemb_strerror(rc),
+         k->table_name);
+    return NULL;
+  }
+  return t;
+}
+
+/* Fetches input i; on failure fails the kernel and returns NULL. */
+static TF_Tensor *input(TF_OpKernelContext *ctx, int i) {
+  TF_Status *st = TF_NewStatus();
+  TF_Tensor *t = NULL;
+  TF_GetInput(ctx, i, &t, st);
+  if (TF_GetCode(st) != TF_OK) {
+    TF_OpKernelContext_Failure(ctx, st);
+    t = NULL;
+  }
+  TF_DeleteStatus(st);
+  return t;
+}
+
+/* Allocates output i; on failure fails the kernel and returns NULL. */
+static TF_Tensor *output(TF_OpKernelContext *ctx, int i, TF_DataType dt,
+                         const int64_t *dims, int nd, size_t elem_size) {
+  size_t n = 1;
+  for (int d = 0; d < nd; d++) n *= (size_t)dims[d];
+  TF_Status *st = TF_NewStatus();
+  TF_Tensor *t = TF_AllocateOutput(ctx, i, dt, dims, nd, n * elem_size, st);
+  if (TF_GetCode(st) != TF_OK) {
+    TF_OpKernelContext_Failure(ctx, st);
+    if (t) TF_DeleteTensor(t);
+    t = NULL;
+  }
+  TF_DeleteStatus(st);
+  return t;
+}
+
+static int scalar_i64(TF_OpKernelContext *ctx, TF_Tensor *t, const char *op,
+                      const char *what, int64_t *out) {
+  if (TF_TensorType(t) != TF_INT64 || TF_TensorElementCount(t) != 1) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb %s: '%s' must be an int64 scalar",
+         op, what);
+    return -1;
+  }
+  *out = *(const int64_t *)TF_TensorData(t);
+  return 0;
+}
+
+static int set_scalar_output(TF_OpKernelContext *ctx, int i, int64_t v) {
+  TF_Tensor *o = output(ctx, i, TF_INT64, NULL, 0, sizeof(int64_t));
+  if (!o) return -1;
+  *(int64_t *)TF_TensorData(o) = v;
+  TF_DeleteTensor(o);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* DynembLookup                                                              */
+/* ------------------------------------------------------------------------ */
+
+static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
+  const kstate *k = p;
+  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL;
+  dynemb_table *t = NULL;
+  int64_t *wide = NULL;
+  if (!(ids = input(ctx, 0)) || !(nowt = input(ctx, 1))) goto done;
+  int64_t now = 0;
+  if (scalar_i64(ctx, nowt, "lookup", "now", &now)) goto done;
+  if (!(t = find_table(ctx, k, "lookup"))) goto done;
+  const int64_t n = TF_TensorElementCount(ids);
+  const int dim = dynemb_table_dim(t);
+  const int64_t dims[2] = {n, dim};
+  if (!(out = output(ctx, 0, TF_FLOAT, dims, 2, sizeof(float)))) goto done;
+  if (n == 0) goto done;
+  const int64_t *keys;
+  if (TF_TensorType(ids) == TF_INT32) {
+    wide = malloc((size_t)n * sizeof *wide);
+    if (!wide) {
+      fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb lookup: table '%s': out of "
+           "memory widening %lld int32 ids", k->table_name, (long long)n);
+      goto done;
+    }
+    dynemb_widen_keys(TF_TensorData(ids), (size_t)n, wide);
+    keys = wide;
+  } else if (TF_TensorType(ids) == TF_INT64) {
+    keys = TF_TensorData(ids);
+  } else {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb lookup: table '%s': ids must be "
+         "int32 or int64; cast them with tf.cast(ids, tf.int64)",
+         k->table_name);
+    goto done;
+  }
+  int rc = dynemb_lookup(t, keys, (size_t)n,
+                         k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
+                         now, TF_TensorData(out));
+  if (rc != DYNEMB_OK) fail_engine(ctx, rc, "lookup");
+done:
+  free(wide);
+  if (out) TF_DeleteTensor(out);
+  if (ids) TF_DeleteTensor(ids);
+  if (nowt) TF_DeleteTensor(nowt);
+  dynemb_table_release(t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* DynembApply                                                               */
+/* ------------------------------------------------------------------------ */
+
+static void apply_compute(void *p, TF_OpKernelContext *ctx) {
+  const kstate *k = p;
+  TF_Tensor *keys = NULL, *grads = NULL, *lrt = NULL;
+  dynemb_table *t = NULL;
+  if (!(keys = input(ctx, 0)) || !(grads = input(ctx, 1)) ||
+      !(lrt = input(ctx, 2)))
+    goto done;
+  if (!(t = find_table(ctx, k, "apply"))) goto done;
+  const int dim = dynemb_table_dim(t);
+  const int64_t n = TF_TensorElementCount(keys);
+  if (TF_TensorElementCount(grads) != n * dim) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb apply: table '%s' (dim %d): got "
+         "%lld gradient values for %lld keys; expected keys*dim = %lld",
+         k->table_name, dim, (long long)TF_TensorElementCount(grads),
+         (long long)n, (long long)(n * dim));
+    goto done;
+  }
+  if (TF_TensorElementCount(lrt) != 1) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb apply: table '%s': learning_rate "
+         "must be a float scalar", k->table_name);
+    goto done;
+  }
+  const float lr = *(const float *)TF_TensorData(lrt);
+  dynemb_apply_stats s = {0};
+  int rc = dynemb_apply(t, TF_TensorData(keys), (size_t)n,
+                        TF_TensorData(grads), lr, &s);
+  if (rc != DYNEMB_OK) {
+    fail_engine(ctx, rc, "apply");
+    goto done;
+  }
+  set_scalar_output(ctx, 0, (int64_t)s.applied);
+done:
+  if (keys) TF_DeleteTensor(keys);
+  if (grads) TF_DeleteTensor(grads);
+  if (lrt) TF_DeleteTensor(lrt);
+  dynemb_table_release(t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* DynembEvict                                                               */
+/* ------------------------------------------------------------------------ */
+
+static void evict_compute(void *p, TF_OpKernelContext *ctx) {
+  const kstate *k = p;
+  TF_Tensor *nowt = NULL;
+  dynemb_table *t = NULL;
+  if (!(nowt = input(ctx, 0))) goto done;
+  int64_t now = 0;
+  if (scalar_i64(ctx, nowt, "evict", "now", &now)) goto done;
+  if (!(t = find_table(ctx, k, "evict"))) goto done;
+  size_t evicted = 0;
+  int rc = dynemb_evict(t, now, &evicted);
+  if (rc != DYNEMB_OK) {
+    fail_engine(ctx, rc, "evict");
+    goto done;
+  }
+  set_scalar_output(ctx, 0, (int64_t)evicted);
+done:
+  if (nowt) TF_DeleteTensor(nowt);
+  dynemb_table_release(t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* DynembExport / DynembImport                                               */
+/* ------------------------------------------------------------------------ */
+
+enum { EXP_META, EXP_KEYS, EXP_VALUES, EXP_LAST, EXP_CKEYS, EXP_CCOUNTS,
+       EXP_CLAST, EXP_STEPS, EXP_N };
+
+static int out_i64(TF_OpKernelContext *ctx, int i, const int64_t *src,
+                   size_t n) {
+  const int64_t dims[1] = {(int64_t)n};
+  TF_Tensor *o = output(ctx, i, TF_INT64, dims, 1, sizeof(int64_t));
+  if (!o) return -1;
+  if (n) memcpy(TF_TensorData(o), src, n * sizeof(int64_t));
+  TF_DeleteTensor(o);
+  return 0;
+}
+
+static int out_u32_as_i64(TF_OpKernelContext *ctx, int i, const uint32_t *src,
+                          size_t n) {
+  const int64_t dims[1] = {(int64_t)n};
+  TF_Tensor *o = output(ctx, i, TF_INT64, dims, 1, sizeof(int64_t));
+  if (!o) return -1;
+  int64_t *d = TF_TensorData(o);
+  for (size_t j = 0; j < n; j++) d[j] = src[j];
+  TF_DeleteTensor(o);
+  return 0;
+}
+
+static void export_compute(void *p, TF_OpKernelContext *ctx) {
+  const kstate *k = p;
+  dynemb_table *t = find_table(ctx, k, "export");
+  if (!t) return;
+  dynemb_snapshot s;
+  memset(&s, 0, sizeof s);
+  int rc = dynemb_table_snapshot(t, &s);
+  dynemb_table_release(t);
+  if (rc != DYNEMB_OK) {
+    fail_engine(ctx, rc, "export");
+    return;
+  }
+  const int64_t meta[3] = {s.dim, s.row_floats, s.optimizer_kind};
+  if (out_i64(ctx, EXP_META, meta, 3)) goto done;
+  if (out_i64(ctx, EXP_KEYS, s.keys, s.rows)) goto done;
+  {
+    const int64_t dims[2] = {(int64_t)s.rows, s.row_floats};
+    TF_Tensor *o = output(ctx, EXP_VALUES, TF_FLOAT, dims, 2, sizeof(float));
+    if (!o) goto done;
+    if (s.rows)
+      memcpy(TF_TensorData(o), s.values,
+             s.rows * (size_t)s.row_floats * sizeof(float));
+    TF_DeleteTensor(o);
+  }
+  if (out_u32_as_i64(ctx, EXP_LAST, s.last_access, s.rows)) goto done;
+  if (out_i64(ctx, EXP_CKEYS, s.cand_keys, s.candidates)) goto done;
+  if (out_u32_as_i64(ctx, EXP_CCOUNTS, s.cand_counts, s.candidates)) goto done;
+  if (out_u32_as_i64(ctx, EXP_CLAST, s.cand_last_access, s.candidates))
+    goto done;
+  set_scalar_output(ctx, EXP_STEPS, (int64_t)s.apply_steps);
+done:
+  dynemb_snapshot_free(&s);
+}
+
+/* Checks an int64 vector input of length n and values in [0, 2^32-1] when
+ * `u32` is set. */
+static int check_vec(TF_OpKernelContext *ctx, const kstate *k, TF_Tensor *tt,
+                     const char *what, int64_t n, int u32) {
+  if (TF_TensorType(tt) != TF_INT64 || TF_TensorElementCount(tt) != n) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb import: table '%s': '%s' must be "
+         "int64 with %lld elements (got %lld): the checkpoint tensors do not "
+         "belong together; restore from an intact checkpoint",
+         k->table_name, what, (long long)n,
+         (long long)TF_TensorElementCount(tt));
+    return -1;
+  }
+  if (u32) {
+    const int64_t *d = TF_TensorData(tt);
+    for (int64_t j = 0; j < n; j++)
+      if (d[j] < 0 || d[j] > (int64_t)UINT32_MAX) {
+        fail(ctx, TF_INVALID_ARGUMENT, "dynemb import: table '%s': '%s'[%lld]"
+             " = %lld is outside [0, 2^32-1]; the checkpoint is corrupt",
+             k->table_name, what, (long long)j, (long long)d[j]);
+        return -1;
+      }
+  }
+  return 0;
+}
+
+static uint32_t *narrow(const TF_Tensor *tt, int64_t n) {
+  uint32_t *o = malloc((size_t)(n ? n : 1) * sizeof *o);
+  if (!o) return NULL;
+  const int64_t *d = TF_TensorData(tt);
+  for (int64_t j = 0; j < n; j++) o[j] = (uint32_t)d[j];
+  return o;
+}
+
+static void import_compute(void *p, TF_OpKernelContext *ctx) {
+  const kstate *k = p;
+  TF_Tensor *in[EXP_N] = {0};
+  uint32_t *last = NULL, *ccounts = NULL, *clast = NULL;
+  dynemb_table *t = NULL;
+  for (int i = 0; i < EXP_N; i++)
+    if (!(in[i] = input(ctx, i))) goto done;
+  if (check_vec(ctx, k, in[EXP_META], "meta", 3, 0)) goto done;
+  const int64_t *meta = TF_TensorData(in[EXP_META]);
+  const int64_t rows = TF_TensorElementCount(in[EXP_KEYS]);
+  const int64_t cands = TF_TensorElementCount(in[EXP_CKEYS]);
+  if (meta[0] < 1 || meta[1] < meta[0] || meta[1] > (1 << 24)) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb import: table '%s': checkpoint "
+         "meta (dim %lld, row_floats %lld) is invalid; the checkpoint is "
+         "corrupt", k->table_name, (long long)meta[0], (long long)meta[1]);
+    goto done;
+  }
+  if (check_vec(ctx, k, in[EXP_KEYS], "keys", rows, 0) ||
+      check_vec(ctx, k, in[EXP_LAST], "last_access", rows, 1) ||
+      check_vec(ctx, k, in[EXP_CKEYS], "cand_keys", cands, 0) ||
+      check_vec(ctx, k, in[EXP_CCOUNTS], "cand_counts", cands, 1) ||
+      check_vec(ctx, k, in[EXP_CLAST], "cand_last_access", cands, 1) ||
+      check_vec(ctx, k, in[EXP_STEPS], "apply_steps", 1, 0))
+    goto done;
+  if (TF_TensorType(in[EXP_VALUES]) != TF_FLOAT ||
+      TF_TensorElementCount(in[EXP_VALUES]) != rows * meta[1]) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb import: table '%s': 'values' must "
+         "be float with rows*row_floats = %lld elements (got %lld); the "
+         "checkpoint is corrupt", k->table_name, (long long)(rows * meta[1]),
+         (long long)TF_TensorElementCount(in[EXP_VALUES]));
+    goto done;
+  }
+  if (!(t = find_table(ctx, k, "import"))) goto done;
+  last = narrow(in[EXP_LAST], rows);
+  ccounts = narrow(in[EXP_CCOUNTS], cands);
+  clast = narrow(in[EXP_CLAST], cands);
+  if (!last || !ccounts || !clast) {
+    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb import: table '%s': out of "
+         "memory", k->table_name);
+    goto done;
+  }
+  dynemb_snapshot s;
+  memset(&s, 0, sizeof s);
+  s.dim = (int)meta[0];
+  s.row_floats = (int)meta[1];
+  s.optimizer_kind = (int)meta[2];
+  s.apply_steps = (uint64_t)*(const int64_t *)TF_TensorData(in[EXP_STEPS]);
+  s.rows = (size_t)rows;
+  s.keys = TF_TensorData(in[EXP_KEYS]);
+  s.values = TF_TensorData(in[EXP_VALUES]);
+  s.last_access = last;
+  s.candidates = (size_t)cands;
+  s.cand_keys = TF_TensorData(in[EXP_CKEYS]);
+  s.cand_counts = ccounts;
+  s.cand_last_access = clast;
+  int rc = dynemb_table_import(t, &s, (unsigned)k->flags,
+                               (uint32_t)k->shard_index,
+                               (uint32_t)k->shard_count);
+  if (rc != DYNEMB_OK) {
+    fail_engine(ctx, rc, "import");
+    goto done;
+  }
+  set_scalar_output(ctx, 0, (int64_t)dynemb_table_size(t));
+done:
+  free(last);
+  free(ccounts);
+  free(clast);
+  for (int i = 0; i < EXP_N; i++)
+    if (in[i]) TF_DeleteTensor(in[i]);
+  dynemb_table_release(t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* DynembStats                                                               */
+/* ------------------------------------------------------------------------ */
+
+static void stats_compute(void *p, TF_OpKernelContext *ctx) {
+  const kstate *k = p;
+  dynemb_table *t = find_table(ctx, k, "stats");
+  if (!t) return;
+  dynemb_table_stats s;
+  memset(&s, 0, sizeof s);
+  dynemb_table_get_stats(t, &s);
+  dynemb_table_release(t);
+  const int64_t v[14] = {
+      (int64_t)s.size,     (int64_t)s.capacity,  (int64_t)s.candidates,
+      (int64_t)s.bytes,    (int64_t)s.lookups,   (int64_t)s.hits,
+      (int64_t)s.inserted, (int64_t)s.rejected,  (int64_t)s.evicted,
+      (int64_t)s.evicted_candidates, (int64_t)s.applied,
+      (int64_t)s.dropped_gradients, (int64_t)s.nonfinite_skipped,
+      (int64_t)s.apply_steps};
+  out_i64(ctx, 0, v, 14);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Registration                                                              */
+/* ------------------------------------------------------------------------ */
+
+static void unknown_shape(TF_ShapeInferenceContext *ctx, TF_Status *st) {
+  TF_ShapeInferenceContextSetUnknownShape(ctx, st);
+}
+
+/* Registration failures cannot be reported through tf.load_op_library, so
+ * they go to stderr; the op is then missing and Python says so. */
+static void check(TF_Status *st, const char *what, const char *name) {
+  if (TF_GetCode(st) != TF_OK)
+    fprintf(stderr, "dynemb: registering %s %s failed: %s\n", what, name,
+            TF_Message(st));
+}
+
+static void register_op(const char *name, const char *const *attrs,
+                        const char *const *inputs, const char *const *outputs,
+                        void *(*create)(TF_OpKernelConstruction *),
+                        void (*compute)(void *, TF_OpKernelContext *)) {
+  TF_Status *st = TF_NewStatus();
+  TF_OpDefinitionBuilder *b = TF_NewOpDefinitionBuilder(name);
+  for (; attrs && *attrs; attrs++) TF_OpDefinitionBuilderAddAttr(b, *attrs);
+  for (; inputs && *inputs; inputs++) TF_OpDefinitionBuilderAddInput(b, *inputs);
+  for (; outputs && *outputs; outputs++)
+    TF_OpDefinitionBuilderAddOutput(b, *outputs);
+  TF_OpDefinitionBuilderSetIsStateful(b, true);
+  TF_OpDefinitionBuilderSetShapeInferenceFunction(b, unknown_shape);
+  TF_RegisterOpDefinition(b, st); /* takes ownership of b */
+  check(st, "op", name);
+  if (TF_GetCode(st) == TF_OK) {
+    TF_KernelBuilder *kb =
+        TF_NewKernelBuilder(name, "CPU", create, compute, delete_state);
+    TF_RegisterKernelBuilder(name, kb, st); /* takes ownership of kb */
+    check(st, "kernel", name);
+  }
+  TF_DeleteStatus(st);
+}
+
+#define LIST(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+__attribute__((constructor)) static void dynemb_register_ops(void) {
+  register_op("DynembLookup",
+              LIST("table_name: string", "is_train: bool = true",
+                   "Tkeys: {int32, int64}"),
+              LIST("ids: Tkeys", "now: int64", "anchor: float"),
+              LIST("embeddings: float"), create_lookup, lookup_compute);
+  register_op("DynembApply", LIST("table_name: string"),
+              LIST("keys: int64", "grads: float", "learning_rate: float"),
+              LIST("applied: int64"), create_plain, apply_compute);
+  register_op("DynembEvict", LIST("table_name: string"), LIST("now: int64"),
+              LIST("evicted: int64"), create_plain, evict_compute);
+  register_op("DynembExport", LIST("table_name: string"), NULL,
+              LIST("meta: int64", "keys: int64", "values: float",
+                   "last_access: int64", "cand_keys: int64",
+                   "cand_counts: int64", "cand_last_access: int64",
+                   "apply_steps: int64"),
+              create_plain, export_compute);
+  register_op("DynembImport",
+              LIST("table_name: string", "shard_index: int = 0",
+                   "shard_count: int = 1", "flags: int = 1"),
+              LIST("meta: int64", "keys: int64", "values: float",
+                   "last_access: int64", "cand_keys: int64",
+                   "cand_counts: int64", "cand_last_access: int64",
+                   "apply_steps: int64"),
+              LIST("size: int64"), create_import, import_compute);
+  register_op("DynembStats", LIST("table_name: string"), NULL,
+              LIST("stats: int64"), create_plain, stats_compute);
+}

@@ -1,0 +1,909 @@
+/*
+ * bench.c -- `dynemb bench`: engine throughput against the machine's memory
+ * gather limit, measured in the same run.
+ *
+ * An embedding lookup is, at best, a gather: copy `dim` floats from a random
+ * place in a big array. So every engine figure is reported next to (and as a
+ * ratio of) a plain gather of rows at the same random indices out of a flat
+ * float array with the same rows and dim, by the same number of threads.
+ * Phases, each on the same table:
+ *
+ *   stall   a scratch table grows from empty to R rows in small calls
+ *           (--stall-batch keys); the longest single call is max_stall_ms
+ *   insert  the measured table grows from empty to R rows in calls of B new
+ *           keys (insert_keys_per_s)
+ *   gather  rows at random indices out of the flat array (the limit), with
+ *           and without software prefetch; the better one is the limit
+ *   lookup  train-mode lookups of existing keys (and eval mode, for info)
+ *   apply   optimizer updates (Adam by default) of existing keys
+ *
+ * Keys are drawn from uniform or Zipf(S) ranks; rank -> row position goes
+ * through a random permutation and position -> key through a bijective
+ * 64-bit mixer, so hot keys are neither adjacent in memory nor small ints.
+ * The gather uses exactly the positions the engine gets as keys. Each timed
+ * phase runs for at least --min-time seconds per thread after an untimed
+ * warm-up pass over part of the same batches. Threads run batches
+ * concurrently on the same table. Output: one JSON object (--json) or a
+ * human table; progress lines go to stderr. Speed lives here, never in
+ * tests.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cmds.h"
+#include "dynemb.h"
+
+/* ------------------------------------------------------------------------ */
+/* Options                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bench_opts {
+  uint64_t rows;
+  int dim;
+  size_t batch;
+  int zipf;          /* 0 uniform, 1 zipf */
+  double zipf_s;     /* exponent */
+  char dist[64];     /* as given */
+  int threads;
+  int json;
+  int opt_kind;      /* enum dynemb_optimizer_kind */
+  uint64_t seed;
+  double min_time;   /* seconds per timed phase */
+  size_t stall_batch;
+  int hugepages;     /* advise huge pages for the flat gather array */
+} bench_opts;
+
+static void bench_usage(FILE *f) {
+  fprintf(f,
+    "usage: dynemb bench --rows R --dim D --batch B --dist uniform|zipf:S\n"
+    "                    --threads T [--json] [--optimizer sgd|adagrad|adam|ftrl]\n"
+    "                    [--seed N] [--min-time SECONDS] [--stall-batch N]\n"
+    "                    [--no-hugepages]\n"
+    "\n"
+    "  --rows R          rows in the table (1 .. 4294967295)\n"
+    "  --dim D           embedding width (1 .. 65536)\n"
+    "  --batch B         keys per lookup/apply/insert call\n"
+    "  --dist            key distribution: uniform, or zipf:S with S > 0\n"
+    "                    (e.g. zipf:1.05)\n"
+    "  --threads T       threads running batches on the same table (1 .. 256)\n"
+    "  --json            print one JSON object instead of a table\n"
+    "  --optimizer       optimizer for the apply phase (default adam)\n"
+    "  --seed N          seed for keys and distributions (default 1)\n"
+    "  --min-time S      seconds each timed phase runs (default 1.0)\n"
+    "  --stall-batch N   keys per call while measuring max_stall_ms "
+    "(default 1024)\n"
+    "  --no-hugepages    do not advise huge pages for the gather array\n");
+}
+
+static int bench_bad(const char *fmt, const char *arg) {
+  fprintf(stderr, "dynemb bench: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n\n");
+  bench_usage(stderr);
+  return 2;
+}
+
+/* Parses a whole decimal unsigned integer into [lo, hi]. */
+static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
+  if (!s || !*s || *s == '-' || *s == '+') return -1;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end || v < lo || v > hi) return -1;
+  *out = (uint64_t)v;
+  return 0;
+}
+
+static int parse_double(const char *s, double *out) {
+  if (!s || !*s) return -1;
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || *end || !isfinite(v)) return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_opts(int argc, char **argv, bench_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->opt_kind = DYNEMB_OPT_ADAM;
+  o->seed = 1;
+  o->min_time = 1.0;
+  o->stall_batch = 1024;
+  o->hugepages = 1;
+  int have_rows = 0, have_dim = 0, have_batch = 0, have_dist = 0,
+      have_threads = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    uint64_t u;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      bench_usage(stdout);
+      return 1;
+    } else if (!strcmp(a, "--json")) {
+      o->json = 1;
+      continue;
+    } else if (!strcmp(a, "--no-hugepages")) {
+      o->hugepages = 0;
+      continue;
+    }
+    if (strncmp(a, "--", 2)) return bench_bad("unexpected argument '%s'", a);
+    if (!v) return bench_bad("option %s needs a value", a);
+    i++;
+    if (!strcmp(a, "--rows")) {
+      if (parse_u64(v, 1, UINT32_MAX, &u))
+        return bench_bad("--rows must be an integer in 1 .. 4294967295, "
+                         "not '%s'", v);
+      o->rows = u;
+      have_rows = 1;
+    } else if (!strcmp(a, "--dim")) {
+      if (parse_u64(v, 1, 65536, &u))
+        return bench_bad("--dim must be an integer in 1 .. 65536, not '%s'", v);
+      o->dim = (int)u;
+      have_dim = 1;
+    } else if (!strcmp(a, "--batch")) {
+      if (parse_u64(v, 1, (uint64_t)1 << 28, &u))
+        return bench_bad("--batch must be an integer in 1 .. 268435456, "
+                         "not '%s'", v);
+      o->batch = (size_t)u;
+      have_batch = 1;
+    } else if (!strcmp(a, "--stall-batch")) {
+      if (parse_u64(v, 1, (uint64_t)1 << 28, &u))
+        return bench_bad("--stall-batch must be an integer >= 1, not '%s'", v);
+      o->stall_batch = (size_t)u;
+    } else if (!strcmp(a, "--threads")) {
+      if (parse_u64(v, 1, 256, &u))
+        return bench_bad("--threads must be an integer in 1 .. 256, not '%s'",
+                         v);
+      o->threads = (int)u;
+      have_threads = 1;
+    } else if (!strcmp(a, "--seed")) {
+      if (parse_u64(v, 0, UINT64_MAX, &u))
+        return bench_bad("--seed must be a non-negative integer, not '%s'", v);
+      o->seed = u;
+    } else if (!strcmp(a, "--min-time")) {
+      if (parse_double(v, &o->min_time) || o->min_time <= 0 ||
+          o->min_time > 3600)
+        return bench_bad("--min-time must be seconds in (0, 3600], not '%s'",
+                         v);
+    } else if (!strcmp(a, "--dist")) {
+      if (strlen(v) >= sizeof o->dist)
+        return bench_bad("--dist '%s' is too long", v);
+      if (!strcmp(v, "uniform")) {
+        o->zipf = 0;
+      } else if (!strncmp(v, "zipf:", 5)) {
+        if (parse_double(v + 5, &o->zipf_s) || !(o->zipf_s > 0) ||
+            o->zipf_s > 100)
+          return bench_bad("--dist zipf:S needs an exponent S in (0, 100], "
+                           "as in zipf:1.05; got '%s'", v);
+        o->zipf = 1;
+      } else {
+        return bench_bad("--dist must be 'uniform' or 'zipf:S' (e.g. "
+                         "zipf:1.05), not '%s'", v);
+      }
+      strcpy(o->dist, v);
+      have_dist = 1;
+    } else if (!strcmp(a, "--optimizer")) {
+      if (!strcmp(v, "sgd")) o->opt_kind = DYNEMB_OPT_SGD;
+      else if (!strcmp(v, "adagrad")) o->opt_kind = DYNEMB_OPT_ADAGRAD;
+      else if (!strcmp(v, "adam")) o->opt_kind = DYNEMB_OPT_ADAM;
+      else if (!strcmp(v, "ftrl")) o->opt_kind = DYNEMB_OPT_FTRL;
+      else
+        return bench_bad("--optimizer must be sgd, adagrad, adam or ftrl, "
+                         "not '%s'", v);
+    } else {
+      return bench_bad("unknown option '%s'", a);
+    }
+  }
+  if (!have_rows) return bench_bad("%s", "--rows is required");
+  if (!have_dim) return bench_bad("%s", "--dim is required");
+  if (!have_batch) return bench_bad("%s", "--batch is required");
+  if (!have_dist) return bench_bad("%s", "--dist is required");
+  if (!have_threads) return bench_bad("%s", "--threads is required");
+  return 0;
+}
+
+static const char *opt_label(int kind) {
+  switch (kind) {
+  case DYNEMB_OPT_SGD: return "sgd";
+  case DYNEMB_OPT_ADAGRAD: return "adagrad";
+  case DYNEMB_OPT_ADAM: return "adam";
+  default: return "ftrl";
+  }
+}
+
+static int opt_slots(int kind) {
+  return kind == DYNEMB_OPT_SGD ? 0 : kind == DYNEMB_OPT_ADAGRAD ? 1 : 2;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Random numbers, keys, Zipf                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef struct rng {
+  uint64_t s;
+} rng;
+
+static uint64_t rng_u64(rng *r) { /* splitmix64 */
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static double rng_unit(rng *r) { /* [0, 1) */
+  return (double)(rng_u64(r) >> 11) * 0x1p-53;
+}
+
+static uint64_t rng_below(rng *r, uint64_t n) { /* [0, n), n small vs 2^64 */
+  return (uint64_t)(rng_unit(r) * (double)n);
+}
+
+/* Row position -> key: a bijection on 64 bits (xor-shifts and odd
+ * multipliers, constants different from the engine's hash), so distinct
+ * positions give distinct keys that look like hashed feature ids. */
+static int64_t position_key(uint64_t p, uint64_t seed) {
+  uint64_t x = p ^ (seed * 0xd1b54a32d192ed03ULL);
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 29;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 32;
+  return (int64_t)x;
+}
+
+/* Zipf over ranks 1..n with P(k) ~ k^-s, by rejection-inversion (Hoermann
+ * and Derflinger, 1996): invert the integral H of the continuous density
+ * h(x) = x^-s, round to the nearest integer and accept with a cheap test;
+ * O(1) per sample, no table. H(x) = (x^(1-s) - 1) / (1-s), written with
+ * expm1/log1p so that s near 1 stays accurate. */
+typedef struct zipf {
+  double s, n, h_x1, h_n, cut;
+} zipf;
+
+static double zipf_expm1_over(double x) { /* (e^x - 1) / x */
+  return fabs(x) > 1e-8 ? expm1(x) / x : 1.0 + x / 2.0;
+}
+
+static double zipf_log1p_over(double x) { /* log(1 + x) / x */
+  return fabs(x) > 1e-8 ? log1p(x) / x : 1.0 - x / 2.0;
+}
+
+static double zipf_h(const zipf *z, double x) { return exp(-z->s * log(x)); }
+
+static double zipf_H(const zipf *z, double x) {
+  double lx = log(x);
+  return zipf_expm1_over((1.0 - z->s) * lx) * lx;
+}
+
+static double zipf_H_inv(const zipf *z, double y) {
+  double t = y * (1.0 - z->s);
+  if (t < -1.0) t = -1.0; /* guards rounding at the edge of the domain */
+  return exp(zipf_log1p_over(t) * y);
+}
+
+static void zipf_init(zipf *z, double s, uint64_t n) {
+  z->s = s;
+  z->n = (double)n;
+  z->h_x1 = zipf_H(z, 1.5) - 1.0;
+  z->h_n = zipf_H(z, z->n + 0.5);
+  z->cut = 2.0 - zipf_H_inv(z, zipf_H(z, 2.5) - zipf_h(z, 2.0));
+}
+
+/* A rank in [0, n). */
+static uint64_t zipf_draw(const zipf *z, rng *r) {
+  for (;;) {
+    double u = z->h_n + rng_unit(r) * (z->h_x1 - z->h_n);
+    double x = zipf_H_inv(z, u);
+    double k = floor(x + 0.5);
+    if (k < 1.0) k = 1.0;
+    if (k > z->n) k = z->n;
+    if (k - x <= z->cut || u >= zipf_H(z, k + 0.5) - zipf_h(z, k))
+      return (uint64_t)k - 1;
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Timing and small helpers                                                  */
+/* ------------------------------------------------------------------------ */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *xmalloc(size_t n, const char *what) {
+  void *p = malloc(n ? n : 1);
+  if (!p) {
+    fprintf(stderr, "dynemb bench: out of memory allocating %zu bytes for %s; "
+            "use fewer --rows or a smaller --batch\n", n, what);
+    exit(1);
+  }
+  return p;
+}
+
+static void die_engine(const char *what, int rc) {
+  fprintf(stderr, "dynemb bench: %s failed: %s (%s)\n", what,
+          dynemb_strerror(rc), dynemb_last_error());
+  exit(1);
+}
+
+static void progress(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+
+static void progress(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "[bench] ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  fflush(stderr);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Shared state                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bench {
+  bench_opts o;
+  uint64_t *perm;       /* rank -> row position */
+  int64_t *all_keys;    /* position -> key (insert order = position order) */
+  float *flat;          /* rows * dim, the gather baseline */
+  size_t flat_bytes;
+  int flat_mmapped;
+  dynemb_table *table;  /* the table being measured */
+  size_t pool_batches;  /* batches per thread in the key pools */
+  pthread_barrier_t barrier;
+  _Atomic uint64_t next_pos; /* insert phases: next position to insert */
+  _Atomic uint64_t inserted_done;
+} bench;
+
+typedef enum phase_kind {
+  PH_STALL,
+  PH_INSERT,
+  PH_GATHER_PLAIN,
+  PH_GATHER_PREFETCH,
+  PH_LOOKUP_TRAIN,
+  PH_LOOKUP_EVAL,
+  PH_APPLY
+} phase_kind;
+
+typedef struct worker {
+  bench *b;
+  int id;
+  phase_kind phase;
+  dynemb_table *table;
+  size_t call_keys;     /* insert phases */
+  /* pools: pool_batches * batch keys and positions, same ranks */
+  int64_t *keys;
+  uint32_t *pos;
+  float *out;           /* batch * dim */
+  float *grads;         /* batch * dim */
+  /* results */
+  uint64_t items;
+  uint64_t calls;
+  uint64_t unique_sum;  /* apply: sum of stats.unique_keys */
+  double secs;
+  double max_call_s;
+  int rc;
+  pthread_t th;
+} worker;
+
+/* ------------------------------------------------------------------------ */
+/* Phases (per thread)                                                       */
+/* ------------------------------------------------------------------------ */
+
+static void gather_plain(const float *flat, int dim, const uint32_t *pos,
+                         size_t n, float *out) {
+  size_t row_bytes = sizeof(float) * (size_t)dim;
+  for (size_t i = 0; i < n; i++)
+    memcpy(out + i * (size_t)dim, flat + (size_t)pos[i] * (size_t)dim,
+           row_bytes);
+}
+
+#define GATHER_AHEAD 16
+static void gather_prefetch(const float *flat, int dim, const uint32_t *pos,
+                            size_t n, float *out) {
+  size_t row_bytes = sizeof(float) * (size_t)dim;
+  for (size_t i = 0; i < n; i++) {
+    if (i + GATHER_AHEAD < n) {
+      const char *p =
+          (const char *)(flat + (size_t)pos[i + GATHER_AHEAD] * (size_t)dim);
+      for (size_t off = 0; off < row_bytes; off += 64)
+        __builtin_prefetch(p + off, 0, 0);
+    }
+    memcpy(out + i * (size_t)dim, flat + (size_t)pos[i] * (size_t)dim,
+           row_bytes);
+  }
+}
+
+/* One batch of the timed phases; returns an engine status. */
+static int run_batch(worker *w, size_t bi, uint64_t *unique) {
+  bench *b = w->b;
+  size_t B = b->o.batch;
+  const int64_t *keys = w->keys + bi * B;
+  const uint32_t *pos = w->pos + bi * B;
+  switch (w->phase) {
+  case PH_GATHER_PLAIN:
+    gather_plain(b->flat, b->o.dim, pos, B, w->out);
+    return DYNEMB_OK;
+  case PH_GATHER_PREFETCH:
+    gather_prefetch(b->flat, b->o.dim, pos, B, w->out);
+    return DYNEMB_OK;
+  case PH_LOOKUP_TRAIN:
+    return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_TRAIN, 1, w->out);
+  case PH_LOOKUP_EVAL:
+    return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_EVAL, 1, w->out);
+  case PH_APPLY: {
+    dynemb_apply_stats st;
+    int rc = dynemb_apply(w->table, keys, B, w->grads, 1e-4f, &st);
+    *unique += st.unique_keys;
+    return rc;
+  }
+  default:
+    return DYNEMB_EINVAL;
+  }
+}
+
+/* Insert phases: threads take the next `call_keys` positions until all
+ * rows exist; every call inserts new keys only. */
+static void run_insert(worker *w) {
+  bench *b = w->b;
+  uint64_t R = b->o.rows;
+  size_t n = w->call_keys;
+  uint64_t step = R / 10 ? R / 10 : 1;
+  pthread_barrier_wait(&b->barrier);
+  double t0 = now_s();
+  for (;;) {
+    uint64_t p = atomic_fetch_add(&b->next_pos, n);
+    if (p >= R) break;
+    size_t m = (size_t)(R - p < n ? R - p : n);
+    double c0 = now_s();
+    int rc = dynemb_lookup(w->table, b->all_keys + p, m, DYNEMB_LOOKUP_TRAIN,
+                           0, w->out);
+    double dt = now_s() - c0;
+    if (rc != DYNEMB_OK) {
+      w->rc = rc;
+      break;
+    }
+    if (dt > w->max_call_s) w->max_call_s = dt;
+    w->items += m;
+    w->calls++;
+    uint64_t done = atomic_fetch_add(&b->inserted_done, m) + m;
+    if (done / step != (done - m) / step && done < R)
+      progress("  %s: %" PRIu64 " / %" PRIu64 " rows (%.0f%%), %.1f s",
+               w->phase == PH_STALL ? "stall pass" : "insert", done, R,
+               100.0 * (double)done / (double)R, now_s() - t0);
+  }
+  w->secs = now_s() - t0;
+}
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  bench *b = w->b;
+  if (w->phase == PH_STALL || w->phase == PH_INSERT) {
+    run_insert(w);
+    return NULL;
+  }
+  size_t nb = b->pool_batches;
+  uint64_t unique = 0;
+  /* Warm-up: half the pool (at least one batch), untimed. */
+  size_t warm = nb / 2 ? nb / 2 : 1;
+  for (size_t i = 0; i < warm; i++) {
+    int rc = run_batch(w, i % nb, &unique);
+    if (rc != DYNEMB_OK) {
+      w->rc = rc;
+      break;
+    }
+  }
+  pthread_barrier_wait(&b->barrier);
+  if (w->rc != DYNEMB_OK) return NULL;
+  unique = 0;
+  double t0 = now_s(), t = t0;
+  size_t bi = warm % nb;
+  do {
+    double c0 = t;
+    int rc = run_batch(w, bi, &unique);
+    if (rc != DYNEMB_OK) {
+      w->rc = rc;
+      break;
+    }
+    t = now_s();
+    if (t - c0 > w->max_call_s) w->max_call_s = t - c0;
+    w->items += b->o.batch;
+    w->calls++;
+    bi = (bi + 1) % nb;
+  } while (t - t0 < b->o.min_time);
+  w->secs = t - t0;
+  w->unique_sum = unique;
+  return NULL;
+}
+
+typedef struct phase_result {
+  double per_s;       /* items per second over all threads */
+  double max_call_ms; /* longest single call */
+  double secs;        /* longest thread time */
+  uint64_t items, calls, unique_sum;
+} phase_result;
+
+static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
+                              dynemb_table *t, size_t call_keys,
+                              const char *what) {
+  int T = b->o.threads;
+  phase_result r;
+  memset(&r, 0, sizeof r);
+  atomic_store(&b->next_pos, 0);
+  atomic_store(&b->inserted_done, 0);
+  pthread_barrier_init(&b->barrier, NULL, (unsigned)T);
+  for (int i = 0; i < T; i++) {
+    worker *w = &ws[i];
+    w->phase = ph;
+    w->table = t;
+    w->call_keys = call_keys;
+    w->items = w->calls = w->unique_sum = 0;
+    w->secs = w->max_call_s = 0;
+    w->rc = DYNEMB_OK;
+    if (pthread_create(&w->th, NULL, worker_main, w)) {
+      fprintf(stderr, "dynemb bench: cannot start thread %d\n", i);
+      exit(1);
+    }
+  }
+  for (int i = 0; i < T; i++) pthread_join(ws[i].th, NULL);
+  pthread_barrier_destroy(&b->barrier);
+  for (int i = 0; i < T; i++) {
+    if (ws[i].rc != DYNEMB_OK) die_engine(what, ws[i].rc);
+    r.items += ws[i].items;
+    r.calls += ws[i].calls;
+    r.unique_sum += ws[i].unique_sum;
+    if (ws[i].secs > r.secs) r.secs = ws[i].secs;
+    if (ws[i].max_call_s * 1e3 > r.max_call_ms)
+      r.max_call_ms = ws[i].max_call_s * 1e3;
+  }
+  r.per_s = r.secs > 0 ? (double)r.items / r.secs : 0;
+  const char *unit = (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH)
+                         ? "rows" : "keys";
+  progress("%s: %.3g %s/s (%" PRIu64 " %s in %.2f s, longest call %.2f ms)",
+           what, r.per_s, unit, r.items, unit, r.secs, r.max_call_ms);
+  return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Setup                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static dynemb_table *make_table(const bench *b, const char *name) {
+  dynemb_table_config cfg;
+  dynemb_table *t = NULL;
+  dynemb_table_config_init(&cfg);
+  cfg.name = name;
+  cfg.dim = b->o.dim;
+  cfg.init.kind = DYNEMB_INIT_UNIFORM;
+  cfg.init.a = -0.05f;
+  cfg.init.b = 0.05f;
+  cfg.init.seed = b->o.seed;
+  cfg.optimizer.kind = b->o.opt_kind;
+  cfg.optimizer.learning_rate = 1e-4f;
+  cfg.nonfinite_policy = DYNEMB_NONFINITE_ERROR;
+  int rc = dynemb_table_create(&cfg, &t);
+  if (rc != DYNEMB_OK) die_engine("dynemb_table_create", rc);
+  return t;
+}
+
+static void alloc_flat(bench *b) {
+  size_t n = (size_t)b->o.rows * (size_t)b->o.dim;
+  b->flat_bytes = n * sizeof(float);
+  void *p = mmap(NULL, b->flat_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    fprintf(stderr, "dynemb bench: cannot map %zu bytes for the gather "
+            "array: %s\n", b->flat_bytes, strerror(errno));
+    exit(1);
+  }
+#ifdef MADV_HUGEPAGE
+  if (b->o.hugepages) (void)madvise(p, b->flat_bytes, MADV_HUGEPAGE);
+#endif
+  b->flat = p;
+  b->flat_mmapped = 1;
+  rng r = {b->o.seed ^ 0xf1a7ULL};
+  for (size_t i = 0; i < n; i++) b->flat[i] = (float)(rng_unit(&r) - 0.5);
+}
+
+static void make_pools(bench *b, worker *ws) {
+  const bench_opts *o = &b->o;
+  zipf z;
+  if (o->zipf) zipf_init(&z, o->zipf_s, o->rows);
+  size_t per = b->pool_batches * o->batch;
+  for (int t = 0; t < o->threads; t++) {
+    worker *w = &ws[t];
+    rng r = {o->seed * 1000003ULL + 17ULL * (uint64_t)(t + 1)};
+    w->keys = xmalloc(per * sizeof(int64_t), "key pools");
+    w->pos = xmalloc(per * sizeof(uint32_t), "position pools");
+    for (size_t i = 0; i < per; i++) {
+      uint64_t rank = o->zipf ? zipf_draw(&z, &r) : rng_below(&r, o->rows);
+      uint64_t p = b->perm[rank];
+      w->pos[i] = (uint32_t)p;
+      w->keys[i] = b->all_keys[p];
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Output                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static void cpu_model(char *buf, size_t n) {
+  snprintf(buf, n, "unknown");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f) return;
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    if (!strncmp(line, "model name", 10)) {
+      char *c = strchr(line, ':');
+      if (c) {
+        c++;
+        while (*c == ' ') c++;
+        c[strcspn(c, "\n")] = 0;
+        /* keep it JSON-safe */
+        for (char *q = c; *q; q++)
+          if (*q == '"' || *q == '\\' || (unsigned char)*q < 32) *q = ' ';
+        snprintf(buf, n, "%s", c);
+      }
+      break;
+    }
+  }
+  fclose(f);
+}
+
+typedef struct results {
+  phase_result stall, insert, gplain, gpref, lookup, lookup_eval, apply;
+  double gather_limit;
+  double lookup_vs_gather, apply_vs_gather, overhead;
+  dynemb_table_stats st;
+  int row_floats;
+} results;
+
+static void print_json(const bench *b, const results *r) {
+  const bench_opts *o = &b->o;
+  char model[256], date[64];
+  time_t now = time(NULL);
+  struct tm tmv;
+  gmtime_r(&now, &tmv);
+  strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+  cpu_model(model, sizeof model);
+  double lookup_target = o->zipf ? 0.8 : 0.6;
+  const dynemb_table_stats *s = &r->st;
+  printf("{\n");
+  printf("  \"rows\": %" PRIu64 ",\n  \"dim\": %d,\n  \"batch\": %zu,\n",
+         o->rows, o->dim, o->batch);
+  printf("  \"dist\": \"%s\",\n  \"threads\": %d,\n  \"optimizer\": \"%s\",\n",
+         o->dist, o->threads, opt_label(o->opt_kind));
+  printf("  \"row_floats\": %d,\n  \"seed\": %" PRIu64 ",\n"
+         "  \"min_time_s\": %g,\n", r->row_floats, o->seed, o->min_time);
+  printf("  \"lookup_keys_per_s\": %.0f,\n", r->lookup.per_s);
+  printf("  \"lookup_eval_keys_per_s\": %.0f,\n", r->lookup_eval.per_s);
+  printf("  \"insert_keys_per_s\": %.0f,\n", r->insert.per_s);
+  printf("  \"apply_%s_keys_per_s\": %.0f,\n", opt_label(o->opt_kind),
+         r->apply.per_s);
+  printf("  \"apply_unique_keys_per_batch\": %.1f,\n",
+         r->apply.calls ? (double)r->apply.unique_sum / (double)r->apply.calls
+                        : 0.0);
+  printf("  \"gather_limit_rows_per_s\": %.0f,\n", r->gather_limit);
+  printf("  \"gather_plain_rows_per_s\": %.0f,\n", r->gplain.per_s);
+  printf("  \"gather_prefetch_rows_per_s\": %.0f,\n", r->gpref.per_s);
+  printf("  \"gather_hugepages\": %s,\n", o->hugepages ? "true" : "false");
+  printf("  \"lookup_vs_gather\": %.3f,\n", r->lookup_vs_gather);
+  printf("  \"apply_vs_gather\": %.3f,\n", r->apply_vs_gather);
+  printf("  \"bytes_per_row_overhead\": %.2f,\n", r->overhead);
+  printf("  \"max_stall_ms\": %.3f,\n", r->stall.max_call_ms);
+  printf("  \"stall_batch\": %zu,\n", o->stall_batch);
+  printf("  \"max_insert_call_ms\": %.3f,\n", r->insert.max_call_ms);
+  printf("  \"max_lookup_call_ms\": %.3f,\n", r->lookup.max_call_ms);
+  printf("  \"max_apply_call_ms\": %.3f,\n", r->apply.max_call_ms);
+  printf("  \"targets\": {\"lookup_vs_gather\": %.1f, \"apply_vs_gather\": 0.4, "
+         "\"bytes_per_row_overhead\": 24, \"max_stall_ms\": 10},\n",
+         lookup_target);
+  printf("  \"targets_met\": {\"lookup_vs_gather\": %s, \"apply_vs_gather\": "
+         "%s, \"bytes_per_row_overhead\": %s, \"max_stall_ms\": %s},\n",
+         r->lookup_vs_gather >= lookup_target ? "true" : "false",
+         r->apply_vs_gather >= 0.4 ? "true" : "false",
+         r->overhead <= 24 ? "true" : "false",
+         r->stall.max_call_ms <= 10 ? "true" : "false");
+  printf("  \"stats\": {\"size\": %" PRIu64 ", \"capacity\": %" PRIu64
+         ", \"candidates\": %" PRIu64 ", \"bytes\": %" PRIu64
+         ", \"lookups\": %" PRIu64 ", \"hits\": %" PRIu64
+         ", \"inserted\": %" PRIu64 ", \"rejected\": %" PRIu64
+         ", \"evicted\": %" PRIu64 ", \"applied\": %" PRIu64
+         ", \"dropped_gradients\": %" PRIu64 ", \"nonfinite_skipped\": %" PRIu64
+         ", \"apply_steps\": %" PRIu64 "},\n",
+         s->size, s->capacity, s->candidates, s->bytes, s->lookups, s->hits,
+         s->inserted, s->rejected, s->evicted, s->applied,
+         s->dropped_gradients, s->nonfinite_skipped, s->apply_steps);
+  printf("  \"machine\": {\"cpus\": %ld, \"model\": \"%s\"},\n",
+         sysconf(_SC_NPROCESSORS_ONLN), model);
+  printf("  \"date\": \"%s\",\n", date);
+  printf("  \"dynemb_version\": \"%d.%d.%d\"\n", DYNEMB_VERSION_MAJOR,
+         DYNEMB_VERSION_MINOR, DYNEMB_VERSION_PATCH);
+  printf("}\n");
+}
+
+static void print_human(const bench *b, const results *r) {
+  const bench_opts *o = &b->o;
+  double lookup_target = o->zipf ? 0.8 : 0.6;
+  printf("dynemb bench: %" PRIu64 " rows x dim %d, batch %zu, %s, %d "
+         "thread(s), optimizer %s\n\n", o->rows, o->dim, o->batch, o->dist,
+         o->threads, opt_label(o->opt_kind));
+  printf("  %-28s %16s %10s\n", "measure", "value", "target");
+  printf("  %-28s %16.0f\n", "gather limit (rows/s)", r->gather_limit);
+  printf("  %-28s %16.0f\n", "  gather plain (rows/s)", r->gplain.per_s);
+  printf("  %-28s %16.0f\n", "  gather prefetch (rows/s)", r->gpref.per_s);
+  printf("  %-28s %16.0f\n", "lookup train (keys/s)", r->lookup.per_s);
+  printf("  %-28s %16.0f\n", "lookup eval (keys/s)", r->lookup_eval.per_s);
+  printf("  %-28s %16.0f\n", "insert (keys/s)", r->insert.per_s);
+  printf("  %-28s %16.0f\n", "apply (keys/s)", r->apply.per_s);
+  printf("  %-28s %16.3f %10s%.1f\n", "lookup_vs_gather", r->lookup_vs_gather,
+         ">= ", lookup_target);
+  printf("  %-28s %16.3f %10s\n", "apply_vs_gather", r->apply_vs_gather,
+         ">= 0.4");
+  printf("  %-28s %16.2f %10s\n", "bytes/row overhead", r->overhead, "<= 24");
+  printf("  %-28s %16.3f %10s\n", "max stall (ms)", r->stall.max_call_ms,
+         "<= 10");
+  printf("  %-28s %16zu\n", "  stall batch (keys/call)", o->stall_batch);
+  printf("  %-28s %16.3f\n", "max insert call (ms)", r->insert.max_call_ms);
+  printf("  %-28s %16" PRIu64 "\n", "table bytes", r->st.bytes);
+  printf("  %-28s %16" PRIu64 "\n", "table rows", r->st.size);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Main                                                                      */
+/* ------------------------------------------------------------------------ */
+
+int dynemb_cmd_bench(int argc, char **argv) {
+  bench b;
+  memset(&b, 0, sizeof b);
+  int prc = parse_opts(argc, argv, &b.o);
+  if (prc == 1) return 0; /* --help */
+  if (prc) return prc;
+  const bench_opts *o = &b.o;
+  int T = o->threads;
+  uint64_t R = o->rows;
+  int row_floats = o->dim * (1 + opt_slots(o->opt_kind));
+
+  /* Key pools: about 1M keys per thread, whole batches, at least 2. */
+  b.pool_batches = ((size_t)1 << 20) / o->batch;
+  if (b.pool_batches < 2) b.pool_batches = 2;
+
+  double est = (double)R * (double)row_floats * 4 + (double)R * o->dim * 4 +
+               (double)R * 16 +
+               (double)T * (double)b.pool_batches * (double)o->batch * 12 +
+               (double)T * (double)o->batch * o->dim * 8;
+  progress("%" PRIu64 " rows x dim %d (%d floats/row with %s slots), batch "
+           "%zu, %s, %d thread(s); needs about %.2f GB", R, o->dim,
+           row_floats, opt_label(o->opt_kind), o->batch, o->dist, T,
+           est / 1e9);
+
+  /* Positions, keys, permutation. */
+  b.all_keys = xmalloc((size_t)R * sizeof(int64_t), "keys");
+  for (uint64_t p = 0; p < R; p++) b.all_keys[p] = position_key(p, o->seed);
+  b.perm = xmalloc((size_t)R * sizeof(uint64_t), "permutation");
+  {
+    rng r = {o->seed ^ 0x9e7aULL};
+    for (uint64_t i = 0; i < R; i++) b.perm[i] = i;
+    for (uint64_t i = R - 1; i > 0; i--) {
+      uint64_t j = rng_below(&r, i + 1);
+      uint64_t tmp = b.perm[i];
+      b.perm[i] = b.perm[j];
+      b.perm[j] = tmp;
+    }
+  }
+
+  worker *ws = calloc((size_t)T, sizeof *ws);
+  if (!ws) {
+    fprintf(stderr, "dynemb bench: out of memory\n");
+    return 1;
+  }
+  size_t outn = o->batch > o->stall_batch ? o->batch : o->stall_batch;
+  for (int i = 0; i < T; i++) {
+    ws[i].b = &b;
+    ws[i].id = i;
+    ws[i].out = xmalloc(outn * (size_t)o->dim * sizeof(float), "outputs");
+    ws[i].grads = xmalloc(o->batch * (size_t)o->dim * sizeof(float), "grads");
+    memset(ws[i].out, 0, outn * (size_t)o->dim * sizeof(float));
+    rng r = {o->seed + 99ULL * (uint64_t)(i + 1)};
+    for (size_t k = 0; k < o->batch * (size_t)o->dim; k++)
+      ws[i].grads[k] = (float)((rng_unit(&r) - 0.5) * 2e-3);
+  }
+  progress("drawing %zu x %zu keys per thread from %s", b.pool_batches,
+           o->batch, o->dist);
+  make_pools(&b, ws);
+
+  results r;
+  memset(&r, 0, sizeof r);
+  r.row_floats = row_floats;
+
+  /* 1. Stall pass: a scratch table grows from empty in small calls. */
+  {
+    char name[64];
+    snprintf(name, sizeof name, "bench_stall_%ld", (long)getpid());
+    dynemb_table *t = make_table(&b, name);
+    progress("stall pass: growing '%s' to %" PRIu64 " rows, %zu keys per "
+             "call", name, R, o->stall_batch);
+    r.stall = run_phase(&b, ws, PH_STALL, t, o->stall_batch, "stall pass");
+    dynemb_table_drop(name);
+    dynemb_table_release(t);
+  }
+
+  /* 2. Insert: the measured table grows from empty in batches of B. */
+  char tname[64];
+  snprintf(tname, sizeof tname, "bench_%ld", (long)getpid());
+  b.table = make_table(&b, tname);
+  if (dynemb_table_row_floats(b.table) != row_floats) {
+    fprintf(stderr, "dynemb bench: table has %d floats per row, expected %d\n",
+            dynemb_table_row_floats(b.table), row_floats);
+    return 1;
+  }
+  progress("insert: growing '%s' to %" PRIu64 " rows, %zu keys per call",
+           tname, R, o->batch);
+  r.insert = run_phase(&b, ws, PH_INSERT, b.table, o->batch, "insert");
+  dynemb_table_get_stats(b.table, &r.st);
+  if (r.st.size != R) {
+    fprintf(stderr, "dynemb bench: table has %" PRIu64 " rows after inserting "
+            "%" PRIu64 " distinct keys\n", r.st.size, R);
+    return 1;
+  }
+  r.overhead = ((double)r.st.bytes - (double)R * row_floats * 4.0) / (double)R;
+
+  /* 3. Gather limit on a flat array of the same rows and dim. */
+  progress("gather: filling a flat %" PRIu64 " x %d float array (%.2f GB)", R,
+           o->dim, (double)R * o->dim * 4 / 1e9);
+  alloc_flat(&b);
+  r.gplain = run_phase(&b, ws, PH_GATHER_PLAIN, NULL, 0, "gather (plain)");
+  r.gpref = run_phase(&b, ws, PH_GATHER_PREFETCH, NULL, 0, "gather (prefetch)");
+
+  /* 4. Lookups of existing keys. */
+  r.lookup = run_phase(&b, ws, PH_LOOKUP_TRAIN, b.table, 0, "lookup (train)");
+  r.lookup_eval = run_phase(&b, ws, PH_LOOKUP_EVAL, b.table, 0, "lookup (eval)");
+
+  /* 5. Apply. */
+  r.apply = run_phase(&b, ws, PH_APPLY, b.table, 0, "apply");
+
+  /* The limit once more, after the engine phases, so that a drift of the
+   * machine's speed during the run shows and the better figure is used. */
+  phase_result g2 = run_phase(&b, ws, PH_GATHER_PREFETCH, NULL, 0,
+                              "gather (prefetch, again)");
+  if (g2.per_s > r.gpref.per_s) r.gpref = g2;
+  r.gather_limit = r.gplain.per_s > r.gpref.per_s ? r.gplain.per_s
+                                                  : r.gpref.per_s;
+  r.lookup_vs_gather = r.gather_limit > 0 ? r.lookup.per_s / r.gather_limit : 0;
+  r.apply_vs_gather = r.gather_limit > 0 ? r.apply.per_s / r.gather_limit : 0;
+  dynemb_table_get_stats(b.table, &r.st);
+
+  if (o->json) print_json(&b, &r);
+  else print_human(&b, &r);
+
+  dynemb_table_drop(tname);
+  dynemb_table_release(b.table);
+  for (int i = 0; i < T; i++) {
+    free(ws[i].keys);
+    free(ws[i].pos);
+    free(ws[i].out);
+    free(ws[i].grads);
+  }
+  free(ws);
+  if (b.flat_mmapped) munmap(b.flat, b.flat_bytes);
+  free(b.perm);
+  free(b.all_keys);
+  return 0;
+}
