@@ -282,7 +282,7 @@ static int save_impl(const char *dir, const char *const *names,
                                 "table once",
                                 what, names[i]);
   }
-  int dfd;
+  int dfd = -1;
   int rc = open_dir(dir, 1, LOCK_EX, what, &dfd);
   if (rc) return rc;
   dynemb_manifest old, next = {0};

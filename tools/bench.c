@@ -667,12 +667,25 @@ static void cpu_model(char *buf, size_t n) {
   fclose(f);
 }
 
+/* The 1-minute load average, or -1: a busy machine makes every figure
+ * lower, so the JSON says how busy it was. */
+static double loadavg_1m(void) {
+  double l = -1;
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (f) {
+    if (fscanf(f, "%lf", &l) != 1) l = -1;
+    fclose(f);
+  }
+  return l;
+}
+
 typedef struct results {
   phase_result stall, insert, gplain, gpref, lookup, lookup_eval, apply;
   double gather_limit;
   double lookup_vs_gather, apply_vs_gather, overhead;
   dynemb_table_stats st;
   int row_floats;
+  double load_start, load_end;
 } results;
 
 static void print_json(const bench *b, const results *r) {
@@ -731,8 +744,9 @@ static void print_json(const bench *b, const results *r) {
          s->size, s->capacity, s->candidates, s->bytes, s->lookups, s->hits,
          s->inserted, s->rejected, s->evicted, s->applied,
          s->dropped_gradients, s->nonfinite_skipped, s->apply_steps);
-  printf("  \"machine\": {\"cpus\": %ld, \"model\": \"%s\"},\n",
-         sysconf(_SC_NPROCESSORS_ONLN), model);
+  printf("  \"machine\": {\"cpus\": %ld, \"model\": \"%s\", "
+         "\"loadavg_1m_start\": %.2f, \"loadavg_1m_end\": %.2f},\n",
+         sysconf(_SC_NPROCESSORS_ONLN), model, r->load_start, r->load_end);
   printf("  \"date\": \"%s\",\n", date);
   printf("  \"dynemb_version\": \"%d.%d.%d\"\n", DYNEMB_VERSION_MAJOR,
          DYNEMB_VERSION_MINOR, DYNEMB_VERSION_PATCH);
@@ -764,6 +778,8 @@ static void print_human(const bench *b, const results *r) {
   printf("  %-28s %16.3f\n", "max insert call (ms)", r->insert.max_call_ms);
   printf("  %-28s %16" PRIu64 "\n", "table bytes", r->st.bytes);
   printf("  %-28s %16" PRIu64 "\n", "table rows", r->st.size);
+  printf("  %-28s %9.2f -> %.2f\n", "load average (1 min)", r->load_start,
+         r->load_end);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -832,6 +848,7 @@ int dynemb_cmd_bench(int argc, char **argv) {
   results r;
   memset(&r, 0, sizeof r);
   r.row_floats = row_floats;
+  r.load_start = loadavg_1m();
 
   /* 1. Stall pass: a scratch table grows from empty in small calls. */
   {
@@ -889,6 +906,7 @@ int dynemb_cmd_bench(int argc, char **argv) {
   r.lookup_vs_gather = r.gather_limit > 0 ? r.lookup.per_s / r.gather_limit : 0;
   r.apply_vs_gather = r.gather_limit > 0 ? r.apply.per_s / r.gather_limit : 0;
   dynemb_table_get_stats(b.table, &r.st);
+  r.load_end = loadavg_1m();
 
   if (o->json) print_json(&b, &r);
   else print_human(&b, &r);

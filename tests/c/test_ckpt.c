@@ -82,6 +82,7 @@ static void rm_tree(const char *dir) {
 }
 
 static unsigned char *read_bytes(const char *path, size_t *n) {
+  *n = 0;
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
   fseek(f, 0, SEEK_END);
@@ -456,7 +457,7 @@ static void test_corrupt_every_byte(void) {
   static const unsigned char masks[] = {0x01, 0x80, 0xff, 0x10};
   int bad = 0;
   for (int fi = 0; fi < 2; fi++) {
-    size_t n;
+    size_t n = 0;
     unsigned char *orig = read_bytes(files[fi], &n);
     unsigned char *buf = malloc(n);
     const char *base = strrchr(files[fi], '/') + 1;
@@ -542,7 +543,7 @@ static void test_truncated_every_length(void) {
   int bad = 0;
   const char *files[] = {ft, fm};
   for (int fi = 0; fi < 2; fi++) {
-    size_t n;
+    size_t n = 0;
     unsigned char *orig = read_bytes(files[fi], &n);
     for (size_t len = 0; len <= n + 1; len++) {
       if (len == n) continue;

@@ -22,6 +22,7 @@ trained early, which is what makes the three input modes give the same numbers.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -34,6 +35,9 @@ from dynemb.graph.trace import replay, walk, Trace
 from dynemb.util.log import logger
 
 GUARD_MARK = "dynemb_unmodified_guard"
+
+# Per graph: names of DynembApply ops already given a trainable-keys filter.
+_FILTERED: "weakref.WeakKeyDictionary[tf.Graph, set]" = weakref.WeakKeyDictionary()
 
 
 class GraphModificationError(ValueError):
@@ -227,7 +231,15 @@ def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tens
     apply ops were filtered."""
     applies = [op for op in graph.get_operations() if op.type == "DynembApply"
                and op.get_attr("table_name").decode() == table_name]
+    filtered = _FILTERED.setdefault(graph, set())
+    again = [op.name for op in applies if op.name in filtered]
+    if again:
+        raise GraphModificationError(
+            f"table '{table_name}': apply op '{again[0]}' was already switched to the "
+            f"prepared lookups of an earlier modification; build every lookup of a table "
+            f"before calling modify_graph_and_start_emb_cache() / start_asc_pipeline()")
     for op in applies:
+        filtered.add(op.name)
         keys, grads = op.inputs[0], op.inputs[1]
         with graph.as_default(), graph.name_scope(None), \
                 tf.name_scope(op.name + "_trainable"):

@@ -1,0 +1,118 @@
+"""FeatureSpec (mxRec: ``mx_rec.core.asc.feature_spec``).
+
+The explicit alternative to automatic graph modification: the script names each
+id feature of its batches with a FeatureSpec, maps the dataset with
+``get_asc_insert_func(tgt_key_specs=[...])`` (which sends the ids to the engine in
+the input pipeline and adds reserved components to each batch) and looks tables
+up with ``sparse_lookup(table, spec, batch=batch)``; ``start_asc_pipeline()``
+then switches those lookups to the prepared components before the first step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import tensorflow as tf
+
+# Reserved batch keys added by the insert function.
+RESERVED_PREFIX = "__dynemb__"
+
+
+def admitted_key(spec_name: str) -> str:
+    return f"{RESERVED_PREFIX}/{spec_name}/admitted"
+
+
+def trainable_key(table_name: str) -> str:
+    return f"{RESERVED_PREFIX}/table/{table_name}/trainable_keys"
+
+
+def _nonneg_int(owner: str, field: str, v: Any) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"FeatureSpec('{owner}'): {field} must be an int >= 0 or None, "
+                         f"got {v!r}")
+    return v
+
+
+class FeatureSpec:
+    """One id feature of the batch and the table it feeds.
+
+    name: the feature's name; also its key in the batch dict unless index_key is
+    given. table_name: the dynemb table the ids are looked up in (required except
+    for the timestamp feature). access_threshold / eviction_threshold: the table's
+    admission and eviction settings (as sparse_lookup's access_and_evict_config).
+    is_timestamp: this feature holds the batch's data time in seconds; eviction
+    then counts data time. batch_size: the number of ids per batch, if static
+    (checked at run time when given). faae_coefficient: weight of one occurrence
+    in admission counting; only 1 is supported.
+    """
+
+    def __init__(self, name: str, table_name: Optional[str] = None,
+                 index_key: Optional[Any] = None, access_threshold: Optional[int] = None,
+                 eviction_threshold: Optional[int] = None, is_timestamp: Optional[bool] = None,
+                 batch_size: Optional[int] = None, faae_coefficient: Any = 1, **kwargs: Any):
+        if kwargs:
+            raise TypeError(f"FeatureSpec('{name}'): unexpected arguments {sorted(kwargs)}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"FeatureSpec: name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.index_key = name if index_key is None else index_key
+        self.is_timestamp = bool(is_timestamp)
+        if table_name is None and not self.is_timestamp:
+            raise ValueError(f"FeatureSpec('{name}'): table_name is required (the table "
+                             f"these ids are looked up in)")
+        if self.is_timestamp and (access_threshold or eviction_threshold):
+            raise ValueError(f"FeatureSpec('{name}'): a timestamp feature has no table, so "
+                             f"no access_threshold / eviction_threshold")
+        self.table_name = table_name
+        self.access_threshold = _nonneg_int(name, "access_threshold", access_threshold)
+        self.eviction_threshold = _nonneg_int(name, "eviction_threshold", eviction_threshold)
+        if self.access_threshold is not None and self.access_threshold > 2**32 - 1:
+            raise ValueError(f"FeatureSpec('{name}'): access_threshold must be < 2^32")
+        self.batch_size = _nonneg_int(name, "batch_size", batch_size)
+        if faae_coefficient not in (1, 1.0):
+            raise ValueError(
+                f"FeatureSpec('{name}'): faae_coefficient={faae_coefficient!r} is not "
+                f"supported: the engine counts each occurrence once (faae_coefficient=1)")
+        self.faae_coefficient = 1
+
+    @property
+    def access_and_evict_config(self) -> Optional[Dict[str, int]]:
+        """The spec's thresholds in sparse_lookup's access_and_evict_config form."""
+        if self.access_threshold is None and self.eviction_threshold is None:
+            return None
+        return {"access_threshold": self.access_threshold or 0,
+                "eviction_threshold": self.eviction_threshold or 0}
+
+    def __repr__(self) -> str:
+        return (f"FeatureSpec({self.name!r}, table_name={self.table_name!r}, "
+                f"index_key={self.index_key!r}, access_threshold={self.access_threshold}, "
+                f"eviction_threshold={self.eviction_threshold}, "
+                f"is_timestamp={self.is_timestamp})")
+
+
+def lookup_ids(spec: FeatureSpec, batch: Any, table: Any) -> tf.Tensor:
+    """The ids tensor a ``sparse_lookup(table, spec, batch=batch)`` looks up.
+
+    Called by sparse_lookup for FeatureSpec input. The returned tensor is
+    registered with the spec's reserved components and guarded: running it
+    fails with a message until start_asc_pipeline() has switched its lookup to
+    the prepared components.
+    """
+    from dynemb.core.asc import manager  # late import: manager imports graph code
+    table_name = getattr(table, "table_name", None)
+    if spec.is_timestamp:
+        raise ValueError(f"sparse_lookup: FeatureSpec('{spec.name}') is the timestamp "
+                         f"feature; it has no table to look up")
+    if spec.table_name != table_name:
+        raise ValueError(f"sparse_lookup('{table_name}'): FeatureSpec('{spec.name}') "
+                         f"feeds table '{spec.table_name}', not '{table_name}'")
+    features = manager.batch_features(batch, spec)
+    missing = [k for k in (spec.index_key, admitted_key(spec.name)) if k not in features]
+    if missing:
+        raise ValueError(
+            f"sparse_lookup('{table_name}', FeatureSpec('{spec.name}')): the batch has no "
+            f"{missing[0]!r}; map the dataset with get_asc_insert_func(tgt_key_specs=[...]) "
+            f"including this spec, and pass batch=iterator.get_next()")
+    return manager.register_lookup_ids(spec, features, table)

@@ -1,0 +1,168 @@
+"""start_asc_pipeline (mxRec: ``mx_rec.core.asc.manager``).
+
+In FeatureSpec mode the input pipeline already sent each batch's ids to the
+engine (get_asc_insert_func); ``start_asc_pipeline()``, called once the model and
+train op are built and before the first step, switches every
+``sparse_lookup(table, spec, batch=batch)`` of the default graph to the batch's
+prepared components, exactly as automatic graph modification does for its
+lookups (dynemb.graph.rewrite): the lookup only reads, ids not admitted as of
+their batch read the default value, and their gradients are dropped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+
+from dynemb import _lib
+from dynemb.core import embedding
+from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, trainable_key
+from dynemb.graph import rewrite
+from dynemb.graph.rewrite import GraphModificationError
+from dynemb.util.log import logger
+
+_HOW = ("call dynemb.core.asc.manager.start_asc_pipeline() after building the model and "
+        "train op and before the first session.run (Estimator: GraphModifierHook("
+        "modify_graph=False))")
+
+
+@dataclass
+class _FsLookup:
+    spec: FeatureSpec
+    ids: tf.Tensor                 # the guarded ids tensor given to sparse_lookup
+    admitted: tf.Tensor
+    trainable: Optional[tf.Tensor]  # None when the insert function is for eval
+
+
+@dataclass
+class _FsState:
+    by_ids: Dict[str, _FsLookup] = field(default_factory=dict)
+    done: set = field(default_factory=set)
+
+
+_STATES: "weakref.WeakKeyDictionary[tf.Graph, _FsState]" = weakref.WeakKeyDictionary()
+
+
+def _state(graph: tf.Graph) -> _FsState:
+    st = _STATES.get(graph)
+    if st is None:
+        st = _STATES[graph] = _FsState()
+    return st
+
+
+def batch_features(batch: Any, spec: FeatureSpec) -> Dict[str, Any]:
+    """The features dict of a get_next() result (dict, or tuple led by a dict)."""
+    if isinstance(batch, dict):
+        return batch
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], dict):
+        return batch[0]
+    raise ValueError(
+        f"sparse_lookup with FeatureSpec('{spec.name}') needs batch=iterator.get_next() "
+        f"(the dict of features, or a tuple whose first item is that dict), got "
+        f"{type(batch).__name__}")
+
+
+def _set_thresholds(graph: tf.Graph, spec: FeatureSpec) -> None:
+    cfg = spec.access_and_evict_config
+    if cfg is None:
+        return
+    h = _lib.find_table(spec.table_name)
+    if h is None:
+        raise ValueError(f"FeatureSpec('{spec.name}'): table '{spec.table_name}' is not "
+                         f"registered; create it with create_table() first")
+    try:
+        _lib.check(_lib.clib.dynemb_table_set_access_threshold(h, cfg["access_threshold"]),
+                   f"FeatureSpec('{spec.name}')")
+        _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
+            h, ctypes.c_int64(cfg["eviction_threshold"])), f"FeatureSpec('{spec.name}')")
+    finally:
+        _lib.clib.dynemb_table_release(h)
+    # EvictHook reads the graph's eviction settings from here.
+    embedding.graph_state(graph).evict_configs[spec.table_name] = dict(
+        cfg, eviction_clock="step")
+
+
+def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any) -> tf.Tensor:
+    """A guarded copy of the spec's ids, remembered with its prepared components."""
+    graph = tf.compat.v1.get_default_graph()
+    raw = tf.convert_to_tensor(features[spec.index_key])
+    if raw.graph is not graph:
+        raise GraphModificationError(
+            f"sparse_lookup('{spec.table_name}', FeatureSpec('{spec.name}')): the batch "
+            f"belongs to another graph than the default graph")
+    trainable = features.get(trainable_key(spec.table_name))
+    _set_thresholds(graph, spec)
+    with graph.name_scope(None), tf.name_scope(rewrite.GUARD_MARK):
+        check = tf.debugging.Assert(
+            tf.constant(False),
+            [f"dynemb: FeatureSpec('{spec.name}') lookups are not started: {_HOW}"])
+    with tf.control_dependencies([check]):
+        ids = tf.identity(raw, name=f"{embedding._op_name(spec.name)}_ids")  # pylint: disable=protected-access
+    _state(graph).by_ids[ids.name] = _FsLookup(
+        spec=spec, ids=ids, admitted=tf.convert_to_tensor(features[admitted_key(spec.name)]),
+        trainable=tf.convert_to_tensor(trainable) if trainable is not None else None)
+    return ids
+
+
+def _find(st: _FsState, ids: tf.Tensor) -> Optional[_FsLookup]:
+    """The FeatureSpec entry `ids` was derived from (through sparse_lookup's
+    Identity / EnsureShape), if any."""
+    t = ids
+    for _ in range(8):
+        if t.name in st.by_ids:
+            return st.by_ids[t.name]
+        if t.op.type not in ("Identity", "EnsureShape") or not t.op.inputs:
+            return None
+        t = t.op.inputs[0]
+    return None
+
+
+def start_asc_pipeline() -> None:
+    """Switches the default graph's FeatureSpec lookups to their prepared batch
+    components (see the module docstring). Calling it again handles only lookups
+    added since."""
+    graph = tf.compat.v1.get_default_graph()
+    if graph.finalized:
+        raise GraphModificationError(
+            "start_asc_pipeline: the default graph is finalized; call it before creating "
+            "the session (Estimator: GraphModifierHook(modify_graph=False))")
+    st = _state(graph)
+    found: List[tuple] = []
+    for r in embedding.graph_state(graph).lookups:
+        if r["op"].name in st.done:
+            continue
+        entry = _find(st, r["ids"])
+        if entry is not None:
+            found.append((r, entry))
+    train_tables = {e.spec.table_name for r, e in found if r["is_train"]}
+    for r in embedding.graph_state(graph).lookups:
+        t = r["table"].table_name
+        if r["is_train"] and t in train_tables and _find(st, r["ids"]) is None \
+                and not r.get("modify_graph"):
+            raise GraphModificationError(
+                f"table '{t}' has train lookups with FeatureSpec and with an ids tensor "
+                f"(plain lookup '{r['op'].name}'); give all train lookups of a table the "
+                f"same mode")
+    for r, e in found:
+        if r["is_train"] and e.trainable is None:
+            raise GraphModificationError(
+                f"train lookup '{r['op'].name}' reads FeatureSpec('{e.spec.name}') from a "
+                f"pipeline built with get_asc_insert_func(is_training=False); use "
+                f"is_training=True for training pipelines, or sparse_lookup(..., "
+                f"is_train=False)")
+    trainable: Dict[str, Dict[str, tf.Tensor]] = {}
+    for r, e in found:
+        rewrite._drop_guard(e.ids.op)  # pylint: disable=protected-access
+        if r["is_train"]:
+            rewrite.rewrite_lookup(r["op"], e.admitted, e.spec.table_name, r["table"].dim)
+            trainable.setdefault(e.spec.table_name, {})[e.trainable.name] = e.trainable
+        st.done.add(r["op"].name)
+    for table, keys in trainable.items():
+        if not rewrite.filter_applies(graph, table, list(keys.values())):
+            logger.warning("start_asc_pipeline: table '%s' has no apply op yet; build the "
+                           "train op before calling start_asc_pipeline()", table)
+    logger.info("start_asc_pipeline: %d FeatureSpec lookup(s) started", len(found))
