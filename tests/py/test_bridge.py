@@ -142,3 +142,21 @@ def test_graph_mode_required():
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "ERR" in r.stdout and "graph mode" in r.stdout, r.stdout + r.stderr[-1000:]
+
+
+def test_lookup_records_for_graph_modification():
+    from dynemb.core.embedding import graph_state
+    t = _table(dim=2)
+    dynemb.sparse_lookup(t, tf.constant([1], tf.int64), is_train=False, modify_graph=True)
+    dynemb.sparse_lookup(t, tf.constant([[1]], tf.int64), is_grad=False)
+    recs = graph_state().lookups
+    assert [r["op"].type for r in recs] == ["DynembLookup", "DynembLookup"]
+    assert [r["modify_graph"] for r in recs] == [True, False]
+
+
+def test_no_gradient_with_is_grad_false_or_eval():
+    t = _table(dim=2)
+    a = dynemb.sparse_lookup(t, tf.constant([1], tf.int64), is_grad=False)
+    b = dynemb.sparse_lookup(t, tf.constant([2], tf.int64), is_train=False)
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    assert tf.gradients(tf.reduce_sum(a) + tf.reduce_sum(b), sparse) == [None]

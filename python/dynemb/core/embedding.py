@@ -409,9 +409,9 @@ def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[
     return out
 
 
-def _now_tensor(table: EmbeddingTable, evict_cfg: Optional[dict]) -> tf.Tensor:
+def _now_tensor(evict_cfg: Optional[dict]) -> tf.Tensor:
     """The clock stamped on accessed rows: data time (ASCEND_TIMESTAMP),
-    wall seconds, or the global step."""
+    wall seconds, or the global step (0 without one, when not evicting)."""
     ts = tf.compat.v1.get_collection(ASCEND_TIMESTAMP)
     if ts:
         return tf.reduce_max(tf.cast(ts[-1], tf.int64))
@@ -435,9 +435,13 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     is_train: train lookups insert new ids (subject to admission) and stamp
     their access time; eval lookups read unknown ids as the default value.
     send_count: the static number of ids per step (gives a static shape).
-    access_and_evict_config: {'access_threshold': n, 'eviction_threshold': t}.
+    access_and_evict_config: {'access_threshold': n, 'eviction_threshold': t}
+    (dynemb also takes 'eviction_clock': 'step' (default) or 'wall').
+    is_grad=False: no gradient flows to the table from this lookup.
+    modify_graph=True: the lookup is recorded for automatic graph
+    modification (dynemb.graph.modifier); until then it works as a plain one.
+    ids may also be a FeatureSpec, with batch=iterator.get_next().
     """
-    del batch
     if kwargs:
         raise TypeError("sparse_lookup: unexpected arguments %s" % sorted(kwargs))
     if not isinstance(hashtable, EmbeddingTable):
@@ -456,11 +460,12 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
             "sparse_lookup('%s'): serving_default_value needs an engine setter for a "
             "table's default value, which this version lacks; ids without a row read "
             "zeros" % tname)
-    if not hasattr(ids, "dtype") or isinstance(ids, (list, tuple)):
-        if type(ids).__name__ == "FeatureSpec":
-            raise NotImplementedError("sparse_lookup('%s'): FeatureSpec input needs the "
-                                      "dynemb.core.asc pipeline, not in this build" % tname)
-        ids = tf.convert_to_tensor(ids)
+    if type(ids).__name__ == "FeatureSpec":
+        # Explicit FeatureSpec mode: the spec's ids come from `batch` (the
+        # dataset mapped by get_asc_insert_func); dynemb.core.asc sets the
+        # spec's thresholds and later switches the lookup to its pipeline.
+        from dynemb.core.asc.feature_spec import lookup_ids
+        ids = lookup_ids(ids, batch, hashtable)
     ids = tf.convert_to_tensor(ids)
     if ids.dtype not in (tf.int32, tf.int64):
         raise TypeError("sparse_lookup('%s'): ids must be int32 or int64, got %s; convert "
@@ -491,10 +496,11 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     with tf.name_scope(name or _op_name(tname) + "_lookup"):
         if send_count is not None:
             ids = _static_ids(ids, int(send_count), tname)
-        now = _now_tensor(hashtable, evict_cfg)
+        now = _now_tensor(evict_cfg)
         emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
                                      table_name=tname, is_train=bool(is_train))
         emb.set_shape([ids.shape.num_elements(), dim])
+        lookup_op = emb.op
         if not (is_train and is_grad):
             emb = tf.stop_gradient(emb)
         if ids.shape.rank == 1:
@@ -503,7 +509,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
             out = tf.reshape(emb, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], 0))
         out.set_shape(ids.shape.concatenate([dim]))
     st.lookups.append({"table": hashtable, "ids": ids, "output": out,
-                       "op": emb.op, "is_train": bool(is_train),
+                       "op": lookup_op, "is_train": bool(is_train),
                        "modify_graph": bool(modify_graph), "send_count": send_count})
     return out
 

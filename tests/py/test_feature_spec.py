@@ -1,0 +1,143 @@
+"""FeatureSpec mode: FeatureSpec validation, the insert function's reserved
+components, start_asc_pipeline and its errors. (FeatureSpec training giving
+the same numbers as plain and modify_graph lookups is in test_graph_modify.)"""
+import ctypes
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dynemb
+from dynemb import _lib
+from dynemb.core import embedding
+from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, trainable_key
+from dynemb.core.asc.helper import get_asc_insert_func
+from dynemb.core.asc.manager import start_asc_pipeline
+from dynemb.graph.rewrite import GraphModificationError
+from test_graph_modify import _export, fs_lookup, needs_prepare
+
+
+def _table(name="t", dim=2):
+    return dynemb.create_table(tf.int64, dim, name, tf.compat.v1.constant_initializer(0.5))
+
+
+def test_feature_spec_validation():
+    s = FeatureSpec("user", table_name="users", access_threshold=3, eviction_threshold=100)
+    assert s.index_key == "user" and not s.is_timestamp
+    assert s.access_and_evict_config == {"access_threshold": 3, "eviction_threshold": 100}
+    assert FeatureSpec("u", table_name="t").access_and_evict_config is None
+    assert FeatureSpec("u", table_name="t", index_key="uid").index_key == "uid"
+    with pytest.raises(ValueError, match="table_name is required"):
+        FeatureSpec("user")
+    with pytest.raises(ValueError, match="faae_coefficient"):
+        FeatureSpec("user", table_name="t", faae_coefficient=2)
+    with pytest.raises(ValueError, match="access_threshold must be an int"):
+        FeatureSpec("user", table_name="t", access_threshold=-1)
+    with pytest.raises(ValueError, match="timestamp feature has no table"):
+        FeatureSpec("ts", is_timestamp=True, eviction_threshold=5)
+    assert FeatureSpec("ts", is_timestamp=True).table_name is None
+
+
+def test_insert_func_argument_errors():
+    with pytest.raises(TypeError, match="FeatureSpec objects"):
+        get_asc_insert_func(tgt_key_specs=["user"])
+    with pytest.raises(ValueError, match="repeated"):
+        get_asc_insert_func(tgt_key_specs=[FeatureSpec("u", table_name="a"),
+                                           FeatureSpec("u", table_name="b")])
+    with pytest.raises(NotImplementedError, match="tgt_key_specs"):
+        get_asc_insert_func(args_index_list=[0], table_names=["t"])
+    ds = tf.data.Dataset.from_tensor_slices({"x": np.arange(4)}).batch(2)
+    with pytest.raises(KeyError, match="'user'"):
+        ds.map(get_asc_insert_func(tgt_key_specs=[FeatureSpec("user", table_name="t")],
+                                   is_training=False))
+
+
+def test_eval_insert_func_adds_components_without_touching_the_engine():
+    _table("t")
+    ids = np.array([[1, 2], [3, 1]], np.int64)
+    ds = tf.data.Dataset.from_tensor_slices(({"user": ids}, np.ones(2, np.float32))).batch(2)
+    ds = ds.map(get_asc_insert_func(tgt_key_specs=[FeatureSpec("user", table_name="t")],
+                                    is_training=False))
+    feats, label = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    assert trainable_key("t") not in feats
+    with tf.compat.v1.Session() as s:
+        adm, lab = s.run([feats[admitted_key("user")], label])
+    np.testing.assert_array_equal(adm, np.ones([2, 2], bool))
+    np.testing.assert_array_equal(lab, [1, 1])
+    assert _lib.table_stats("t")["lookups"] == 0
+
+
+@needs_prepare
+def test_train_insert_func_sends_ids_ahead_with_thresholds_and_timestamps():
+    t = _table("t")
+    data = {"user": np.array([[5, 5, 6], [6, 7, 5]], np.int64),
+            "ts": np.array([100, 130], np.int64)}
+    specs = [FeatureSpec("user", table_name="t", access_threshold=2, eviction_threshold=50),
+             FeatureSpec("ts", is_timestamp=True)]
+    ds = tf.data.Dataset.from_tensor_slices(data).batch(1)
+    it = tf.compat.v1.data.make_initializable_iterator(
+        ds.map(get_asc_insert_func(tgt_key_specs=specs, is_training=True)))
+    b = it.get_next()
+    emb = fs_lookup(t, specs[0], b)
+    # The spec's thresholds reached the engine and EvictHook's settings.
+    cfg = _lib.TableConfig()
+    h = _lib.find_table("t")
+    _lib.clib.dynemb_table_get_config(h, ctypes.byref(cfg))
+    _lib.clib.dynemb_table_release(h)
+    assert (cfg.access_threshold, cfg.eviction_threshold) == (2, 50)
+    assert embedding.graph_state().evict_configs["t"]["eviction_threshold"] == 50
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as s:
+        s.run(it.initializer)
+        a1, k1, e1 = s.run([b[admitted_key("user")], b[trainable_key("t")], emb])
+        a2, k2 = s.run([b[admitted_key("user")], b[trainable_key("t")]])
+    # Batch 1 [5, 5, 6]: 5 admitted at one of its two occurrences.
+    assert sorted(a1[0].tolist()) == [False, False, True] and a1[0][2] == 0
+    np.testing.assert_array_equal(k1, [5])
+    np.testing.assert_array_equal(np.sort(e1[0, :2, 0]), [0, .5])
+    # Batch 2 [6, 7, 5]: 6 reaches 2, 7 is new, 5 has a row.
+    np.testing.assert_array_equal(a2, [[True, False, True]])
+    np.testing.assert_array_equal(k2, [5, 6])
+    # Rows were stamped with each batch's data time.
+    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+        out = s.run(list(_lib.ops.dynemb_export(table_name="t")))
+    stamps = dict(zip(out[1].tolist(), out[3].tolist()))
+    assert stamps == {5: 130, 6: 130}
+    np.testing.assert_array_equal(_export("t")[0], [5, 6])
+
+
+def test_lookups_fail_clearly_until_the_pipeline_is_started():
+    t = _table("t")
+    ds = tf.data.Dataset.from_tensor_slices({"user": np.array([[1, 2]], np.int64)}).batch(1)
+    spec = FeatureSpec("user", table_name="t")
+    b = tf.compat.v1.data.make_one_shot_iterator(
+        ds.map(get_asc_insert_func(tgt_key_specs=[spec], is_training=False))).get_next()
+    emb = fs_lookup(t, spec, b, is_train=False)
+    with tf.compat.v1.Session() as s:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="start_asc_pipeline"):
+            s.run(emb)
+
+
+def test_train_lookup_on_eval_pipeline_is_an_error():
+    t = _table("t")
+    ds = tf.data.Dataset.from_tensor_slices({"user": np.array([[1, 2]], np.int64)}).batch(1)
+    spec = FeatureSpec("user", table_name="t")
+    b = tf.compat.v1.data.make_one_shot_iterator(
+        ds.map(get_asc_insert_func(tgt_key_specs=[spec], is_training=False))).get_next()
+    fs_lookup(t, spec, b, is_train=True)
+    with pytest.raises(GraphModificationError, match="is_training=False"):
+        start_asc_pipeline()
+
+
+def test_lookup_needs_the_batch_and_the_right_table():
+    t = _table("t")
+    _table("other")
+    spec = FeatureSpec("user", table_name="t")
+    with pytest.raises(ValueError, match="batch=iterator.get_next()"):
+        fs_lookup(t, spec, None)
+    ds = tf.data.Dataset.from_tensor_slices({"user": np.array([[1]], np.int64)}).batch(1)
+    b = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    with pytest.raises(ValueError, match="get_asc_insert_func"):
+        fs_lookup(t, spec, b)
+    with pytest.raises(ValueError, match="feeds table 't'"):
+        fs_lookup(embedding.graph_state().tables["other"], spec, b)
