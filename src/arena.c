@@ -1,27 +1,169 @@
 /*
  * arena.c -- chunk allocation, slot hand-out and the free list of the row
- * arena (see arena.h for the layout and why chunks never move).
+ * arena, and the huge-page slab pool the chunks are carved from (see
+ * arena.h for the layout and why chunks never move).
  */
 #include "arena.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "dynemb.h"
 
-#define FULL_CHUNK_BYTES (64u * 1024u)
+#define FULL_CHUNK_BYTES (32u * 1024u)
 #define MAX_FULL_SHIFT 12u /* at most 4096 rows per chunk */
 #define SMALL_STEPS 4u     /* first chunk = full chunk / 2^SMALL_STEPS */
+#define HUGE_PAGE ((size_t)2 << 20)
 
-void dynemb_arena_init(dynemb_arena *a, size_t row_floats) {
-  memset(a, 0, sizeof *a);
-  a->row_floats = row_floats;
+/* Sanitizer builds take slabs from malloc so that leak checking and
+ * allocation tracking still see them. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SLAB_FROM_MALLOC 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SLAB_FROM_MALLOC 1
+#endif
+#endif
+
+/* ---- slab pool ----------------------------------------------------------- */
+
+int dynemb_slab_pool_init(dynemb_slab_pool *p, size_t max_chunk_bytes) {
+  memset(p, 0, sizeof *p);
+  /* A slab of k huge pages ends in (k * 2 MiB) mod chunk bytes that no
+   * full chunk fits in: pick the k in 1 .. 8 wasting the smallest
+   * fraction (e.g. 48 KiB chunks of 768-byte rows: 3 huge pages, no
+   * waste), stopping at the first k that wastes under 0.2 %. */
+  size_t best = 0;
+  double best_frac = 2;
+  for (size_t k = 1; k <= 8; k++) {
+    size_t s = k * HUGE_PAGE;
+    if (s < 2 * max_chunk_bytes) continue;
+    double frac = (double)(s % max_chunk_bytes) / (double)s;
+    if (frac < best_frac) {
+      best_frac = frac;
+      best = s;
+    }
+    if (frac < 0.002) break;
+  }
+  if (!best) { /* huge chunks (rows of ~100 KiB and more) */
+    best = HUGE_PAGE;
+    while (best < 8 * max_chunk_bytes) best += HUGE_PAGE;
+  }
+  p->slab_bytes = best;
+  return pthread_mutex_init(&p->mu, NULL) ? DYNEMB_ENOMEM : DYNEMB_OK;
+}
+
+static void *map_slab(size_t bytes) {
+#ifdef SLAB_FROM_MALLOC
+  return aligned_alloc(HUGE_PAGE, bytes);
+#else
+  /* map one huge page more, then trim to a 2 MiB-aligned range */
+  size_t len = bytes + HUGE_PAGE;
+  char *m = mmap(NULL, len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return NULL;
+  char *a = (char *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+  if (a > m) munmap(m, (size_t)(a - m));
+  size_t tail = (size_t)((m + len) - (a + bytes));
+  if (tail) munmap(a + bytes, tail);
+#ifdef MADV_HUGEPAGE
+  (void)madvise(a, bytes, MADV_HUGEPAGE); /* a hint: fine if refused */
+#endif
+  return a;
+#endif
+}
+
+static void unmap_slab(void *s, size_t bytes) {
+#ifdef SLAB_FROM_MALLOC
+  (void)bytes;
+  free(s);
+#else
+  munmap(s, bytes);
+#endif
+}
+
+void *dynemb_slab_alloc(dynemb_slab_pool *p, size_t bytes) {
+  void *r = NULL;
+  if (bytes > p->slab_bytes) return NULL; /* pools are sized for chunks */
+  pthread_mutex_lock(&p->mu);
+  if (bytes > p->left) {
+    if (p->nslabs == p->slabs_cap) {
+      size_t nc = p->slabs_cap ? 2 * p->slabs_cap : 16;
+      void **q = realloc(p->slabs, nc * sizeof *q);
+      if (!q) goto out;
+      p->slabs = q;
+      p->slabs_cap = nc;
+    }
+    char *s = map_slab(p->slab_bytes);
+    if (!s) goto out;
+    p->slabs[p->nslabs++] = s;
+    p->cur = s;
+    p->left = p->slab_bytes;
+  }
+  r = p->cur;
+  p->cur += bytes;
+  p->left -= bytes;
+out:
+  pthread_mutex_unlock(&p->mu);
+  return r;
+}
+
+void dynemb_slab_pool_release(dynemb_slab_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  for (size_t i = 0; i < p->nslabs; i++) unmap_slab(p->slabs[i], p->slab_bytes);
+  p->nslabs = 0;
+  p->cur = NULL;
+  p->left = 0;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void dynemb_slab_pool_destroy(dynemb_slab_pool *p) {
+  dynemb_slab_pool_release(p);
+  free(p->slabs);
+  p->slabs = NULL;
+  p->slabs_cap = 0;
+  pthread_mutex_destroy(&p->mu);
+}
+
+size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  /* Full slabs, plus the huge pages of the newest slab that chunks were
+   * carved from: the rest of it is address space never touched. */
+  size_t b = p->slabs_cap * sizeof(void *);
+  if (p->nslabs) {
+    size_t used = p->slab_bytes - p->left;
+    b += (p->nslabs - 1) * p->slab_bytes +
+         (used + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return b;
+}
+
+/* ---- arena ------------------------------------------------------------------ */
+
+static uint32_t full_shift_for(size_t row_floats) {
   size_t row_bytes = row_floats * sizeof(float);
   uint32_t s = 0;
   while (s < MAX_FULL_SHIFT && ((size_t)2 << s) * row_bytes <= FULL_CHUNK_BYTES)
     s++;
-  a->full_shift = s;
-  a->first_shift = s > SMALL_STEPS ? s - SMALL_STEPS : 0;
+  return s;
+}
+
+static size_t round64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+size_t dynemb_arena_max_chunk_bytes(size_t row_floats) {
+  return round64(((size_t)1 << full_shift_for(row_floats)) * row_floats *
+                 sizeof(float));
+}
+
+void dynemb_arena_init(dynemb_arena *a, size_t row_floats,
+                       dynemb_slab_pool *pool) {
+  memset(a, 0, sizeof *a);
+  a->pool = pool;
+  a->row_floats = row_floats;
+  a->full_shift = full_shift_for(row_floats);
+  a->first_shift = a->full_shift > SMALL_STEPS ? a->full_shift - SMALL_STEPS : 0;
   a->free_head = DYNEMB_ARENA_NO_SLOT;
 }
 
@@ -33,14 +175,12 @@ static uint64_t chunk_rows(const dynemb_arena *a, uint32_t c) {
 }
 
 static size_t chunk_bytes(const dynemb_arena *a, uint32_t c) {
-  size_t b = (size_t)chunk_rows(a, c) * a->row_floats * sizeof(float);
-  return (b + 63) & ~(size_t)63;
+  return round64((size_t)chunk_rows(a, c) * a->row_floats * sizeof(float));
 }
 
 void dynemb_arena_free(dynemb_arena *a) {
-  for (uint32_t c = 0; c < a->nchunks; c++) free(a->chunks[c]);
   free(a->chunks);
-  dynemb_arena_init(a, a->row_floats);
+  dynemb_arena_init(a, a->row_floats, a->pool);
 }
 
 void dynemb_arena_clear_keep(dynemb_arena *a) {
@@ -59,7 +199,7 @@ static int add_chunk(dynemb_arena *a) {
     a->chunks = p;
     a->chunks_cap = nc;
   }
-  float *chunk = aligned_alloc(64, chunk_bytes(a, a->nchunks));
+  float *chunk = dynemb_slab_alloc(a->pool, chunk_bytes(a, a->nchunks));
   if (!chunk) return DYNEMB_ENOMEM;
   a->chunks[a->nchunks++] = chunk;
   a->slots += rows;
@@ -97,7 +237,5 @@ void dynemb_arena_release(dynemb_arena *a, uint32_t slot) {
 }
 
 size_t dynemb_arena_bytes(const dynemb_arena *a) {
-  size_t b = (size_t)a->chunks_cap * sizeof(float *);
-  for (uint32_t c = 0; c < a->nchunks; c++) b += chunk_bytes(a, c);
-  return b;
+  return (size_t)a->chunks_cap * sizeof(float *);
 }

@@ -8,8 +8,14 @@
  *
  * Chunk sizes: the first chunks double in size (1/16, 1/16, 1/8, 1/4, 1/2
  * of a full chunk) so that small tables with many shards stay small, then
- * every chunk is full size (about 64 KiB, a power of two of rows). A slot
+ * every chunk is full size (about 32 KiB, a power of two of rows). A slot
  * number maps to (chunk, offset) with a shift or a count-leading-zeros.
+ *
+ * Chunk memory comes from the table's slab pool: 2 MiB-aligned regions
+ * mapped with MADV_HUGEPAGE and carved into chunks, so that random row
+ * accesses over gigabytes of rows do not miss the TLB on every row. The
+ * pool owns the memory; a shard's arena only points into it. Slabs are
+ * released all at once (table clear / destroy).
  *
  * Slots freed by eviction form an intrusive free list (the next free slot
  * is stored in the freed row's first bytes), reused before new slots.
@@ -22,10 +28,34 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <pthread.h>
+
 #define DYNEMB_ARENA_MAX_SLOTS (UINT32_C(1) << 30)
+
+/* Bump allocator over huge-page slabs, shared by the shards of a table
+ * (its own mutex; taken only when a shard needs a new chunk). */
+typedef struct dynemb_slab_pool {
+  pthread_mutex_t mu;
+  char *cur;           /* free part of the newest slab */
+  size_t left;         /* bytes left there */
+  size_t slab_bytes;   /* size of each slab, a multiple of 2 MiB */
+  void **slabs;        /* every slab, for release */
+  size_t nslabs, slabs_cap;
+} dynemb_slab_pool;
+
+/* `max_chunk_bytes`: the largest request that will be made. */
+int dynemb_slab_pool_init(dynemb_slab_pool *p, size_t max_chunk_bytes);
+/* Releases every slab (all chunks handed out become invalid). */
+void dynemb_slab_pool_release(dynemb_slab_pool *p);
+void dynemb_slab_pool_destroy(dynemb_slab_pool *p);
+/* 64-byte aligned memory of `bytes` (a multiple of 64), or NULL. */
+void *dynemb_slab_alloc(dynemb_slab_pool *p, size_t bytes);
+/* Bytes mapped by the pool. */
+size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p);
 #define DYNEMB_ARENA_NO_SLOT UINT32_MAX
 
 typedef struct dynemb_arena {
+  dynemb_slab_pool *pool; /* where chunks come from (owns their memory) */
   float **chunks;       /* [nchunks] */
   uint32_t nchunks, chunks_cap;
   uint32_t full_shift;  /* a full chunk has 1 << full_shift rows */
@@ -37,7 +67,11 @@ typedef struct dynemb_arena {
   uint64_t free_count;  /* free-listed slots */
 } dynemb_arena;
 
-void dynemb_arena_init(dynemb_arena *a, size_t row_floats);
+void dynemb_arena_init(dynemb_arena *a, size_t row_floats,
+                       dynemb_slab_pool *pool);
+/* Bytes of the largest chunk an arena of this row size asks for. */
+size_t dynemb_arena_max_chunk_bytes(size_t row_floats);
+/* Forgets every row and chunk (the memory stays with the pool). */
 void dynemb_arena_free(dynemb_arena *a);
 /* Forgets every row, keeping the chunks (the slots become reusable). */
 void dynemb_arena_clear_keep(dynemb_arena *a);
@@ -76,7 +110,8 @@ int dynemb_arena_alloc(dynemb_arena *a, uint32_t *slot);
 /* Returns a slot to the free list. */
 void dynemb_arena_release(dynemb_arena *a, uint32_t slot);
 
-/* Bytes of memory held (chunks and the chunk-pointer array). */
+/* Bytes of memory held by the arena itself: the chunk-pointer array
+ * (chunk memory is counted by the pool). */
 size_t dynemb_arena_bytes(const dynemb_arena *a);
 
 #endif

@@ -49,7 +49,7 @@
 
 /* Grow when count would exceed cap * MAX_LOAD; new cap = cap * GROWTH. */
 #define DYNEMB_INDEX_MAX_LOAD 0.85
-#define DYNEMB_INDEX_GROWTH 1.25
+#define DYNEMB_INDEX_GROWTH 1.2
 
 typedef struct dynemb_index_entry {
   int64_t key;

@@ -158,26 +158,41 @@ int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out) {
   t->access_threshold = cfg->access_threshold;
   t->eviction_threshold = cfg->eviction_threshold;
   t->refs = 1;
+  if (dynemb_slab_pool_init(&t->pool,
+                            dynemb_arena_max_chunk_bytes((size_t)t->row_floats)))
+    goto nomem;
   t->shards = aligned_alloc(64, t->nshards * sizeof *t->shards);
-  if (!t->shards) goto nomem;
+  if (!t->shards) goto nomem_pool;
+  /* Writer preference: a stream of multi-shard readers (batched lookups,
+   * snapshots) must not starve inserts and applies. Every path that holds
+   * several shard locks takes them in ascending order, so there is no
+   * deadlock. */
+  pthread_rwlockattr_t attr;
+  pthread_rwlockattr_init(&attr);
+  pthread_rwlockattr_setkind_np(&attr,
+                                PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
   for (uint32_t s = 0; s < t->nshards; s++) {
     dynemb_shard *sh = &t->shards[s];
     memset(sh, 0, sizeof *sh);
-    if (pthread_rwlock_init(&sh->lock, NULL) != 0) {
+    if (pthread_rwlock_init(&sh->lock, &attr) != 0) {
       for (uint32_t k = 0; k < s; k++) {
         pthread_rwlock_destroy(&t->shards[k].lock);
       }
+      pthread_rwlockattr_destroy(&attr);
       free(t->shards);
       t->shards = NULL;
-      goto nomem;
+      goto nomem_pool;
     }
     double stagger = (double)s / (double)t->nshards;
     dynemb_index_init(&sh->rows, stagger);
     dynemb_index_init(&sh->cands, stagger);
-    dynemb_arena_init(&sh->arena, (size_t)t->row_floats);
+    dynemb_arena_init(&sh->arena, (size_t)t->row_floats, &t->pool);
   }
+  pthread_rwlockattr_destroy(&attr);
   *out = t;
   return DYNEMB_OK;
+nomem_pool:
+  dynemb_slab_pool_destroy(&t->pool);
 nomem:
   if (t) {
     free(t->name);
@@ -201,6 +216,7 @@ void dynemb_table_destroy(dynemb_table *t) {
       pthread_rwlock_destroy(&sh->lock);
     }
     free(t->shards);
+    dynemb_slab_pool_destroy(&t->pool);
   }
   free(t->name);
   free(t->default_value);
@@ -419,101 +435,149 @@ typedef struct lookup_counts {
   uint64_t hits, inserted, rejected;
 } lookup_counts;
 
-/* Looks up n < 2^32 keys. */
+/* Handles the misses of one shard under its write lock: re-probe (another
+ * thread or an earlier occurrence may have inserted the key), admission
+ * counting, insertion. `miss` lists batch positions in batch order. */
+static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
+                         const int64_t *keys, const uint64_t *hs,
+                         const uint32_t *miss, uint32_t nmiss, uint32_t now,
+                         uint32_t threshold, float *out, lookup_counts *lc) {
+  const size_t dim = (size_t)t->dim, rbytes = dim * sizeof(float);
+  int rc = DYNEMB_OK;
+  pthread_rwlock_wrlock(&sh->lock);
+  for (uint32_t m = 0; m < nmiss; m++) {
+    uint32_t i = miss[m];
+    int64_t key = keys[i];
+    uint64_t h = hs[i];
+    float *dst = out + (size_t)i * dim;
+    dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);
+    if (e) { /* inserted since the read pass (or repeated in the batch) */
+      stamp(e, now);
+      memcpy(dst, row_of(sh, e->loc), rbytes);
+      lc->hits++;
+      continue;
+    }
+    if (threshold > 1) {
+      dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);
+      if (!c) {
+        if (dynemb_index_reserve(&sh->cands, sh->cands.count + 1)) {
+          rc = insert_error(t, DYNEMB_ENOMEM);
+          break;
+        }
+        c = dynemb_index_insert(&sh->cands, key, h, 1, now);
+      } else {
+        if (c->loc < DYNEMB_LOC_EMPTY - 1) c->loc++;
+        if (c->last_access < now) c->last_access = now;
+      }
+      if (c->loc < threshold) {
+        memcpy(dst, t->default_value, rbytes);
+        lc->rejected++;
+        continue;
+      }
+      /* admitted: insert_row removes the candidate */
+    }
+    rc = insert_row(t, sh, key, h, now, &e);
+    if (rc) break;
+    memcpy(dst, row_of(sh, e->loc), rbytes);
+    lc->inserted++;
+  }
+  pthread_rwlock_unlock(&sh->lock);
+  return rc;
+}
+
+#define RING 16 /* > ROW_DIST */
+#define ROW_DIST 6
+
+/* Looks up n < 2^32 keys.
+ *
+ * Hits are served in batch order (so `out` is written sequentially) with
+ * the read locks of every shard the batch touches held at once (taken in
+ * ascending order), in a software pipeline: the index entry of key
+ * i + IDX_PF is prefetched, key i is probed and its row prefetched, and
+ * the row of key i - ROW_DIST is copied. Misses are then grouped by shard
+ * and handled under each shard's write lock (lookup_misses). */
 static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
                        int train, uint32_t now, float *out,
                        lookup_counts *lc) {
-  group g;
-  if (group_keys(t, keys, n, &g))
-    return dynemb_error_set(DYNEMB_ENOMEM,
-                            "table '%s': out of memory for a lookup batch of "
-                            "%zu keys; use smaller batches",
-                            t->name, n);
-  const size_t dim = (size_t)t->dim;
+  const size_t S = t->nshards, dim = (size_t)t->dim;
   const size_t rbytes = dim * sizeof(float);
-  /* Per segment: row pointers, then the list of misses. */
-  float **rows = malloc((size_t)g.max_seg * (sizeof(float *) + sizeof(uint32_t)) + 8);
-  if (!rows) {
-    free(g.mem);
+  /* scratch: hashes [n], misses [n], per-shard counts [S + 1], marks [S] */
+  char *mem = malloc(n * (sizeof(uint64_t) + 2 * sizeof(uint32_t)) +
+                     (S + 1) * sizeof(uint32_t) + S + 8);
+  if (!mem)
     return dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory for a lookup batch of "
                             "%zu keys; use smaller batches",
                             t->name, n);
+  uint64_t *hs = (uint64_t *)mem;
+  uint32_t *miss = (uint32_t *)(hs + n);
+  uint32_t *order = miss + n;
+  uint32_t *cnt = order + n;
+  unsigned char *mark = (unsigned char *)(cnt + S + 1);
+  memset(mark, 0, S);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t h = dynemb_hash_key(keys[i]);
+    hs[i] = h;
+    mark[dynemb_table_shard_of(t, h)] = 1;
   }
-  uint32_t *miss = (uint32_t *)(rows + g.max_seg);
-  uint32_t threshold = LOAD(&t->access_threshold);
-  int rc = DYNEMB_OK;
-  for (uint32_t s = 0; s < t->nshards && !rc; s++) {
-    uint32_t a = g.start[s], b = g.start[s + 1];
-    if (a == b) continue;
-    dynemb_shard *sh = &t->shards[s];
-    uint32_t nmiss = 0;
-    pthread_rwlock_rdlock(&sh->lock);
-    for (uint32_t j = a; j < b; j++) {
-      if (j + IDX_PF < b) dynemb_index_prefetch(&sh->rows, g.hash[j + IDX_PF]);
-      dynemb_index_entry *e = dynemb_index_find(&sh->rows, g.key[j], g.hash[j]);
+  for (size_t s = 0; s < S; s++)
+    if (mark[s]) pthread_rwlock_rdlock(&t->shards[s].lock);
+
+  const float *ring[RING];
+  uint32_t nmiss = 0;
+  uint64_t hits = 0;
+  const float *dflt = train ? NULL : t->default_value;
+  for (size_t i = 0; i < n + ROW_DIST; i++) {
+    if (i + IDX_PF < n) {
+      uint64_t hp = hs[i + IDX_PF];
+      dynemb_index_prefetch(&t->shards[dynemb_table_shard_of(t, hp)].rows, hp);
+    }
+    if (i < n) {
+      uint64_t h = hs[i];
+      dynemb_shard *sh = &t->shards[dynemb_table_shard_of(t, h)];
+      dynemb_index_entry *e = dynemb_index_find(&sh->rows, keys[i], h);
+      const float *r = dflt;
       if (e) {
-        rows[j - a] = row_of(sh, e->loc);
+        r = row_of(sh, e->loc);
+        prefetch_lines(r, rbytes, 0);
         if (train) stamp(e, now);
-      } else {
-        rows[j - a] = NULL;
-        miss[nmiss++] = j;
+        hits++;
+      } else if (train) {
+        miss[nmiss++] = (uint32_t)i;
       }
+      ring[i % RING] = r;
     }
-    for (uint32_t j = a; j < b; j++) {
-      if (j + ROW_PF < b && rows[j + ROW_PF - a])
-        prefetch_lines(rows[j + ROW_PF - a], rbytes, 0);
-      if (rows[j - a]) memcpy(out + (size_t)g.pos[j] * dim, rows[j - a], rbytes);
+    if (i >= ROW_DIST) {
+      size_t c = i - ROW_DIST;
+      const float *r = ring[c % RING];
+      if (r) memcpy(out + c * dim, r, rbytes);
     }
-    pthread_rwlock_unlock(&sh->lock);
-    lc->hits += (b - a) - nmiss;
-    if (!nmiss) continue;
-    if (!train) {
-      for (uint32_t m = 0; m < nmiss; m++)
-        memcpy(out + (size_t)g.pos[miss[m]] * dim, t->default_value, rbytes);
-      continue;
-    }
-    pthread_rwlock_wrlock(&sh->lock);
-    for (uint32_t m = 0; m < nmiss; m++) {
-      uint32_t j = miss[m];
-      int64_t key = g.key[j];
-      uint64_t h = g.hash[j];
-      float *dst = out + (size_t)g.pos[j] * dim;
-      dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);
-      if (e) { /* inserted since the read pass (or repeated in the batch) */
-        stamp(e, now);
-        memcpy(dst, row_of(sh, e->loc), rbytes);
-        lc->hits++;
-        continue;
-      }
-      if (threshold > 1) {
-        dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);
-        if (!c) {
-          if (dynemb_index_reserve(&sh->cands, sh->cands.count + 1)) {
-            rc = insert_error(t, DYNEMB_ENOMEM);
-            break;
-          }
-          c = dynemb_index_insert(&sh->cands, key, h, 1, now);
-        } else {
-          if (c->loc < DYNEMB_LOC_EMPTY - 1) c->loc++;
-          if (c->last_access < now) c->last_access = now;
-        }
-        if (c->loc < threshold) {
-          memcpy(dst, t->default_value, rbytes);
-          lc->rejected++;
-          continue;
-        }
-        /* admitted: insert_row removes the candidate */
-      }
-      rc = insert_row(t, sh, key, h, now, &e);
-      if (rc) break;
-      memcpy(dst, row_of(sh, e->loc), rbytes);
-      lc->inserted++;
-    }
-    pthread_rwlock_unlock(&sh->lock);
   }
-  free(rows);
-  free(g.mem);
+  for (size_t s = S; s-- > 0;)
+    if (mark[s]) pthread_rwlock_unlock(&t->shards[s].lock);
+  lc->hits += hits;
+
+  int rc = DYNEMB_OK;
+  if (nmiss) {
+    /* group the misses by shard, keeping batch order within a shard */
+    memset(cnt, 0, (S + 1) * sizeof(uint32_t));
+    for (uint32_t m = 0; m < nmiss; m++)
+      cnt[dynemb_table_shard_of(t, hs[miss[m]]) + 1]++;
+    for (size_t s = 0; s < S; s++) cnt[s + 1] += cnt[s];
+    for (uint32_t m = 0; m < nmiss; m++)
+      order[cnt[dynemb_table_shard_of(t, hs[miss[m]])]++] = miss[m];
+    /* cnt[s] is now the end of shard s's run */
+    uint32_t threshold = LOAD(&t->access_threshold);
+    uint32_t begin = 0;
+    for (size_t s = 0; s < S && !rc; s++) {
+      uint32_t end = cnt[s];
+      if (end > begin)
+        rc = lookup_misses(t, &t->shards[s], keys, hs, order + begin,
+                           end - begin, now, threshold, out, lc);
+      begin = end;
+    }
+  }
+  free(mem);
   return rc;
 }
 
@@ -552,15 +616,25 @@ int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
 /* Apply                                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* Nonzero if any of the n floats is NaN or Inf (exponent all ones). */
-static inline int any_nonfinite(const float *x, size_t n) {
-  uint32_t bad = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t b;
-    memcpy(&b, x + i, 4);
-    bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);
+/* Nonzero if any of the n floats is NaN or Inf. An all-ones exponent
+ * plus one carries into the sign bit; the loop is branch-free integer
+ * work over blocks of 8 that compilers vectorize. */
+static int any_nonfinite(const float *x, size_t n) {
+  uint32_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint32_t w[8];
+    memcpy(w, x + i, sizeof w);
+    for (int k = 0; k < 8; k++) acc[k] |= (w[k] & 0x7f800000u) + 0x00800000u;
   }
-  return bad != 0;
+  for (; i < n; i++) {
+    uint32_t w;
+    memcpy(&w, x + i, sizeof w);
+    acc[0] |= (w & 0x7f800000u) + 0x00800000u;
+  }
+  uint32_t all = 0;
+  for (int k = 0; k < 8; k++) all |= acc[k];
+  return (all & 0x80000000u) != 0;
 }
 
 typedef struct dedupe_slot {
@@ -602,7 +676,7 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
       learning_rate < 0 ? t->cfg.optimizer.learning_rate : learning_rate;
   const size_t dim = (size_t)t->dim;
   const int skip = t->cfg.nonfinite_policy == DYNEMB_NONFINITE_SKIP;
-  if (!skip) {
+  if (!skip && n > 0 && any_nonfinite(grads, n * dim)) {
     for (size_t i = 0; i < n; i++)
       if (any_nonfinite(grads + i * dim, dim)) {
         size_t j = 0;
@@ -786,18 +860,21 @@ int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
   return DYNEMB_OK;
 }
 
+static void lock_all(dynemb_table *t, int write);
+static void unlock_all(dynemb_table *t);
+
 void dynemb_table_clear(dynemb_table *t) {
   if (!t) return;
+  lock_all(t, 1); /* the slab pool is shared: every shard must be idle */
   for (uint32_t s = 0; s < t->nshards; s++) {
     dynemb_shard *sh = &t->shards[s];
-    pthread_rwlock_wrlock(&sh->lock);
-    uint64_t r = sh->rows.count;
     dynemb_index_reset(&sh->rows);
     dynemb_index_reset(&sh->cands);
     dynemb_arena_free(&sh->arena);
-    if (r) ADD(&t->rows_total, (uint64_t)0 - r);
-    pthread_rwlock_unlock(&sh->lock);
   }
+  dynemb_slab_pool_release(&t->pool);
+  STORE(&t->rows_total, 0);
+  unlock_all(t);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -821,7 +898,7 @@ void dynemb_table_get_stats(dynemb_table *t, dynemb_table_stats *st) {
              dynemb_arena_bytes(&sh->arena);
     pthread_rwlock_unlock(&sh->lock);
   }
-  st->bytes = bytes;
+  st->bytes = bytes + dynemb_slab_pool_bytes(&t->pool);
   st->lookups = LOAD(&t->n_lookups);
   st->hits = LOAD(&t->n_hits);
   st->inserted = LOAD(&t->n_inserted);

@@ -39,6 +39,7 @@ struct dynemb_table {
   uint32_t nshards;
   uint32_t shard_bits; /* nshards = 1 << shard_bits */
   dynemb_shard *shards;
+  dynemb_slab_pool pool; /* row chunk memory of every shard */
 
   /* Run-time settings and counters: relaxed __atomic accesses. */
   uint32_t access_threshold;

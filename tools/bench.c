@@ -318,6 +318,12 @@ static uint64_t zipf_draw(const zipf *z, rng *r) {
 /* Timing and small helpers                                                  */
 /* ------------------------------------------------------------------------ */
 
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -397,6 +403,7 @@ typedef struct worker {
   uint64_t calls;
   uint64_t unique_sum;  /* apply: sum of stats.unique_keys */
   double secs;
+  double cpu_secs;      /* thread CPU time over the timed part */
   double max_call_s;
   int rc;
   pthread_t th;
@@ -466,7 +473,7 @@ static void run_insert(worker *w) {
   size_t n = w->call_keys;
   uint64_t step = R / 10 ? R / 10 : 1;
   pthread_barrier_wait(&b->barrier);
-  double t0 = now_s();
+  double t0 = now_s(), c_0 = thread_cpu_s();
   for (;;) {
     uint64_t p = atomic_fetch_add(&b->next_pos, n);
     if (p >= R) break;
@@ -489,6 +496,7 @@ static void run_insert(worker *w) {
                100.0 * (double)done / (double)R, now_s() - t0);
   }
   w->secs = now_s() - t0;
+  w->cpu_secs = thread_cpu_s() - c_0;
 }
 
 static void *worker_main(void *arg) {
@@ -512,7 +520,7 @@ static void *worker_main(void *arg) {
   pthread_barrier_wait(&b->barrier);
   if (w->rc != DYNEMB_OK) return NULL;
   unique = 0;
-  double t0 = now_s(), t = t0;
+  double t0 = now_s(), t = t0, c_0 = thread_cpu_s();
   size_t bi = warm % nb;
   do {
     double c0 = t;
@@ -528,6 +536,7 @@ static void *worker_main(void *arg) {
     bi = (bi + 1) % nb;
   } while (t - t0 < b->o.min_time);
   w->secs = t - t0;
+  w->cpu_secs = thread_cpu_s() - c_0;
   w->unique_sum = unique;
   return NULL;
 }
@@ -536,6 +545,8 @@ typedef struct phase_result {
   double per_s;       /* items per second over all threads */
   double max_call_ms; /* longest single call */
   double secs;        /* longest thread time */
+  double cpu_share;   /* thread CPU time / (threads x wall time): below
+                         ~0.9 the phase shared the cores with other work */
   uint64_t items, calls, unique_sum;
 } phase_result;
 
@@ -554,7 +565,7 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
     w->table = t;
     w->call_keys = call_keys;
     w->items = w->calls = w->unique_sum = 0;
-    w->secs = w->max_call_s = 0;
+    w->secs = w->cpu_secs = w->max_call_s = 0;
     w->rc = DYNEMB_OK;
     if (pthread_create(&w->th, NULL, worker_main, w)) {
       fprintf(stderr, "dynemb bench: cannot start thread %d\n", i);
@@ -563,8 +574,11 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
   }
   for (int i = 0; i < T; i++) pthread_join(ws[i].th, NULL);
   pthread_barrier_destroy(&b->barrier);
+  double cpu = 0, wall = 0;
   for (int i = 0; i < T; i++) {
     if (ws[i].rc != DYNEMB_OK) die_engine(what, ws[i].rc);
+    cpu += ws[i].cpu_secs;
+    wall += ws[i].secs;
     r.items += ws[i].items;
     r.calls += ws[i].calls;
     r.unique_sum += ws[i].unique_sum;
@@ -573,10 +587,12 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
       r.max_call_ms = ws[i].max_call_s * 1e3;
   }
   r.per_s = r.secs > 0 ? (double)r.items / r.secs : 0;
+  r.cpu_share = wall > 0 ? cpu / wall : 0;
   const char *unit = (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH)
                          ? "rows" : "keys";
-  progress("%s: %.3g %s/s (%" PRIu64 " %s in %.2f s, longest call %.2f ms)",
-           what, r.per_s, unit, r.items, unit, r.secs, r.max_call_ms);
+  progress("%s: %.3g %s/s (%" PRIu64 " %s in %.2f s, longest call %.2f ms, "
+           "cpu share %.2f)", what, r.per_s, unit, r.items, unit, r.secs,
+           r.max_call_ms, r.cpu_share);
   return r;
 }
 
@@ -725,6 +741,12 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"max_insert_call_ms\": %.3f,\n", r->insert.max_call_ms);
   printf("  \"max_lookup_call_ms\": %.3f,\n", r->lookup.max_call_ms);
   printf("  \"max_apply_call_ms\": %.3f,\n", r->apply.max_call_ms);
+  printf("  \"cpu_share\": {\"stall\": %.2f, \"insert\": %.2f, "
+         "\"gather_plain\": %.2f, \"gather_prefetch\": %.2f, \"lookup\": "
+         "%.2f, \"lookup_eval\": %.2f, \"apply\": %.2f},\n",
+         r->stall.cpu_share, r->insert.cpu_share, r->gplain.cpu_share,
+         r->gpref.cpu_share, r->lookup.cpu_share, r->lookup_eval.cpu_share,
+         r->apply.cpu_share);
   printf("  \"targets\": {\"lookup_vs_gather\": %.1f, \"apply_vs_gather\": 0.4, "
          "\"bytes_per_row_overhead\": 24, \"max_stall_ms\": 10},\n",
          lookup_target);

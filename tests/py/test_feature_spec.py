@@ -86,6 +86,7 @@ def test_train_insert_func_sends_ids_ahead_with_thresholds_and_timestamps():
     _lib.clib.dynemb_table_release(h)
     assert (cfg.access_threshold, cfg.eviction_threshold) == (2, 50)
     assert embedding.graph_state().evict_configs["t"]["eviction_threshold"] == 50
+    assert tf.compat.v1.get_collection("ASCEND_TIMESTAMP") == [b["ts"]]  # data time
     start_asc_pipeline()
     with tf.compat.v1.Session() as s:
         s.run(it.initializer)

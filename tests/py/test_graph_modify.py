@@ -356,3 +356,107 @@ def test_graph_modifier_hook_with_monitored_session():
         while not s.should_stop():
             s.run(train)
     assert t.size() == len(np.unique(data["b"]))
+
+
+def _est_model_fn(modify, name):
+    def model_fn(features, labels, mode):
+        opt = adagrad.create_hash_optimizer(learning_rate=0.1, initial_accumulator_value=0.1)
+        t = dynemb.create_table(tf.int64, 4, name, tf.compat.v1.random_uniform_initializer(
+            -0.05, 0.05, seed=2), optimizer_list=[opt])
+        is_train = mode == tf.estimator.ModeKeys.TRAIN
+        e = dynemb.sparse_lookup(t, features["ids"] // 7, is_train=is_train, modify_graph=modify,
+                                 access_and_evict_config={"access_threshold": 2})
+        w = tf.compat.v1.get_variable("w", [4, 1], initializer=tf.compat.v1.ones_initializer())
+        logits = tf.matmul(tf.reduce_sum(e, 1), w)
+        if mode == tf.estimator.ModeKeys.PREDICT:
+            return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
+                                                                      logits=logits))
+        if mode == tf.estimator.ModeKeys.EVAL:
+            return tf.estimator.EstimatorSpec(mode, loss=loss)
+        dense, sparse = dynemb.get_dense_and_sparse_variable()
+        train_op = tf.group(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=dense),
+            opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse),
+                                global_step=tf.compat.v1.train.get_global_step()))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return model_fn
+
+
+def _est_input_fn_ids():
+    return (np.random.RandomState(0).randint(0, 150, size=(64, 3)) * 7).astype(np.int64)
+
+
+def _est_input_fn():
+    ids = _est_input_fn_ids()
+    y = (ids[:, :1] % 3 == 0).astype(np.float32)
+    return tf.compat.v1.data.Dataset.from_tensor_slices(({"ids": ids}, y)).batch(16)
+
+
+@needs_prepare
+def test_estimator_train_evaluate_predict_with_graph_modifier_hook(tmp_path):
+    results = {}
+    for modify in (False, True):
+        name = "est_mod" if modify else "est_plain"
+        est = tf.estimator.Estimator(_est_model_fn(modify, name), str(tmp_path / name))
+        hooks = [GraphModifierHook()] if modify else []
+        est.train(_est_input_fn, hooks=hooks)
+        loss = est.evaluate(_est_input_fn, hooks=hooks)["loss"]
+        preds = [p["logits"] for p in est.predict(_est_input_fn, hooks=hooks)]
+        results[modify] = (loss, np.array(preds), _export(name))
+    (l0, p0, t0), (l1, p1, t1) = results[False], results[True]
+    assert l1 == pytest.approx(l0, rel=1e-6)
+    np.testing.assert_allclose(p1, p0, rtol=1e-6)
+    np.testing.assert_array_equal(t1[0], t0[0])
+    np.testing.assert_allclose(t1[1], t0[1], rtol=1e-6)
+    assert 0 < len(t0[0]) < len(np.unique(_est_input_fn_ids()))  # admission left ids out
+
+
+@needs_prepare
+def test_guarded_lookup_fails_clearly_until_modified():
+    # sparse_lookup(..., modify_graph=True) guards its op with guard_lookup;
+    # the modification removes the guard (train and eval lookups alike).
+    from dynemb.core import embedding
+    from dynemb.graph.rewrite import guard_lookup
+    data, it, _ = _dict_iterator()
+    t, opt = _table("t")
+    b = it.get_next()
+    emb = dynemb.sparse_lookup(t, b["b"], modify_graph=True)
+    ev = dynemb.sparse_lookup(t, b["b"], modify_graph=True, is_train=False)
+    for r in embedding.graph_state().lookups:
+        if not any("unmodified_guard" in c.name for c in r["op"].control_inputs):
+            guard_lookup(r["op"], "t", "call modify_graph_and_start_emb_cache()")
+    with tf.compat.v1.Session() as s:
+        s.run(it.initializer)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="modify_graph_and_start_emb_cache"):
+            s.run(emb)
+    modify_graph_and_start_emb_cache()
+    with tf.compat.v1.Session() as s:
+        s.run(get_initializer(True))
+        v, e = s.run([emb, ev])
+    assert v.shape == (4, 2) and e.shape == (4, 2)
+
+
+@needs_prepare
+def test_reinitializable_iterator_with_two_datasets():
+    # mxRec's sess.run migration guide: Iterator.from_structure + make_initializer.
+    a = tf.data.Dataset.from_tensor_slices({"f": np.arange(8, dtype=np.int64)}).batch(4)
+    b = tf.data.Dataset.from_tensor_slices({"f": np.arange(100, 104, dtype=np.int64)}).batch(4)
+    it = tf.compat.v1.data.Iterator.from_structure(tf.compat.v1.data.get_output_types(a),
+                                                   tf.compat.v1.data.get_output_shapes(a))
+    init_a, init_b = it.make_initializer(a), it.make_initializer(b)
+    t, opt = _table("t")
+    emb = dynemb.sparse_lookup(t, it.get_next()["f"] * 2, modify_graph=True)
+    loss = tf.reduce_sum(emb)
+    _, sv = dynemb.get_dense_and_sparse_variable()
+    train = opt.apply_gradients(zip(tf.gradients(loss, sv), sv))
+    modify_graph_and_start_emb_cache()
+    with pytest.raises(GraphModificationError, match="several datasets"):
+        get_initializer(True)
+    with tf.compat.v1.Session() as s:
+        s.run(init_b)
+        s.run(train)
+        s.run(init_a)
+        s.run([train, train])
+    np.testing.assert_array_equal(_export("t")[0], list(range(0, 16, 2)) + [200, 202, 204, 206])

@@ -55,6 +55,8 @@ class _ModifierState:
     initializers: Dict[bool, List[tf.Operation]] = field(
         default_factory=lambda: {True: [], False: []})
     one_shot: Dict[bool, bool] = field(default_factory=lambda: {True: False, False: False})
+    # reinitializable iterators with several datasets (get_initializer is ambiguous)
+    several_datasets: List[str] = field(default_factory=list)
     # table name -> sorted trainable-key tensors (one per pipeline feeding it)
     trainable: Dict[str, List[tf.Tensor]] = field(default_factory=dict)
 
@@ -189,6 +191,7 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         else:
             _rebuild(st, graph, name, get_next, train, clocks, prefetch)
         for lk in group:
+            rewrite.drop_guard(lk.op)  # eval lookups keep reading in place
             st.done.add(lk.op.name)
     for table, keys in st.trainable.items():
         n = rewrite.filter_applies(graph, table, keys)
@@ -256,6 +259,8 @@ def _rebuild(st: _ModifierState, graph: tf.Graph, name: str, get_next: tf.Operat
         st.trainable.setdefault(t, []).append(k)
     if ext.one_shot:
         st.one_shot[True] = True
+    if len(ext.initializers) > 1:
+        st.several_datasets.append(ext.iterator_name)
     st.initializers[True].extend(ext.initializers)
 
 
@@ -277,6 +282,12 @@ def get_initializer(is_training: bool = True) -> tf.Operation:
             f"modify_graph=True that were not modified yet; call "
             f"modify_graph_and_start_emb_cache() first (after building the model and the "
             f"train op, before creating the session)")
+    if st is not None and is_training and st.several_datasets:
+        raise GraphModificationError(
+            f"get_initializer(True): iterator '{st.several_datasets[0]}' is initialized with "
+            f"several datasets (Iterator.from_structure + make_initializer); run the "
+            f"initializer of the dataset you want (iterator.make_initializer(dataset)), "
+            f"which dynemb chained to the rebuilt pipeline")
     inits = list(st.initializers[bool(is_training)]) if st else []
     if not inits:
         return tf.no_op(name=f"dynemb_{mode}_initializer")

@@ -117,7 +117,7 @@ def extend_iterator(get_next: tf.Operation, extra_fn: ExtraFn, *, prefetch: int 
     new_get_next = flat[0].op
     for old, new in zip(get_next.outputs, flat[:n_old]):
         new.set_shape(old.shape)
-        _replace_uses(old, new)
+        replace_uses(old, new)
     for (_variant, maker), init in zip(sources, new_inits):
         if maker is not None:
             maker._add_control_input(init)  # pylint: disable=protected-access
@@ -125,7 +125,7 @@ def extend_iterator(get_next: tf.Operation, extra_fn: ExtraFn, *, prefetch: int 
                             extras=flat[n_old:], initializers=new_inits, one_shot=one_shot)
 
 
-def _replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Sequence[tf.Operation] = ()) -> int:
+def replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Sequence[tf.Operation] = ()) -> int:
     """Makes every consumer of `old` (except ops in `keep`) read `new`."""
     count = 0
     keep_names = {op.name for op in keep}
@@ -138,5 +138,3 @@ def _replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Sequence[tf.Operation] =
                 count += 1
     return count
 
-
-replace_uses = _replace_uses

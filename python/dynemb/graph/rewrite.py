@@ -191,7 +191,8 @@ def guard_lookup(lookup_op: tf.Operation, table_name: str, how: str) -> None:
     lookup_op._add_control_input(check)  # pylint: disable=protected-access
 
 
-def _drop_guard(op: tf.Operation) -> None:
+def drop_guard(op: tf.Operation) -> None:
+    """Removes guard_lookup's failing control input from `op` (if any)."""
     keep = [c for c in op.control_inputs if GUARD_MARK not in c.name]
     if len(keep) != len(op.control_inputs):
         op._remove_all_control_inputs()  # pylint: disable=protected-access
@@ -211,7 +212,7 @@ def rewrite_lookup(lookup_op: tf.Operation, admitted: tf.Tensor, table_name: str
     if lookup_op.type != "DynembLookup":
         raise GraphModificationError(f"'{lookup_op.name}' is a {lookup_op.type} op, not a "
                                      f"DynembLookup")
-    _drop_guard(lookup_op)
+    drop_guard(lookup_op)
     lookup_op._set_attr("is_train", attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
     emb = lookup_op.outputs[0]
     graph = lookup_op.graph

@@ -76,6 +76,9 @@ class FeatureSpec:
                 f"FeatureSpec('{name}'): faae_coefficient={faae_coefficient!r} is not "
                 f"supported: the engine counts each occurrence once (faae_coefficient=1)")
         self.faae_coefficient = 1
+        # Batch key of the timestamp spec of the insert function this spec was
+        # given to (set by get_asc_insert_func), or None.
+        self.timestamp_key: Optional[Any] = None
 
     @property
     def access_and_evict_config(self) -> Optional[Dict[str, int]]:

@@ -80,6 +80,9 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
     if sum(s.is_timestamp for s in specs) > 1:
         raise ValueError("get_asc_insert_func: at most one FeatureSpec may be the timestamp")
     id_specs = [s for s in specs if not s.is_timestamp]
+    stamp = [s for s in specs if s.is_timestamp]
+    for s in id_specs:  # lookups then know that their table counts data time
+        s.timestamp_key = stamp[0].index_key if stamp else None
     tables = list(OrderedDict((s.table_name, None) for s in id_specs))
     is_training = bool(is_training)
 

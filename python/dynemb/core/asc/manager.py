@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from dynemb import _lib
+from dynemb.constants.constants import ASCEND_TIMESTAMP
 from dynemb.core import embedding
 from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, trainable_key
 from dynemb.graph import rewrite
@@ -96,6 +97,13 @@ def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any)
             f"belongs to another graph than the default graph")
     trainable = features.get(trainable_key(spec.table_name))
     _set_thresholds(graph, spec)
+    ts_key = getattr(spec, "timestamp_key", None)
+    if ts_key is not None and ts_key in features:
+        # The table counts data time: publish the batch's timestamp where the
+        # rest of dynemb (EvictHook) looks for it.
+        ts = tf.convert_to_tensor(features[ts_key])
+        if all(t is not ts for t in graph.get_collection(ASCEND_TIMESTAMP)):
+            graph.add_to_collection(ASCEND_TIMESTAMP, ts)
     with graph.name_scope(None), tf.name_scope(rewrite.GUARD_MARK):
         check = tf.debugging.Assert(
             tf.constant(False),
@@ -156,7 +164,7 @@ def start_asc_pipeline() -> None:
                 f"is_train=False)")
     trainable: Dict[str, Dict[str, tf.Tensor]] = {}
     for r, e in found:
-        rewrite._drop_guard(e.ids.op)  # pylint: disable=protected-access
+        rewrite.drop_guard(e.ids.op)
         if r["is_train"]:
             rewrite.rewrite_lookup(r["op"], e.admitted, e.spec.table_name, r["table"].dim)
             trainable.setdefault(e.spec.table_name, {})[e.trainable.name] = e.trainable
