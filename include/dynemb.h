@@ -229,6 +229,16 @@ enum dynemb_lookup_mode {
 DYNEMB_API int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n,
                              int mode, int64_t now, float *out);
 
+/* Does to the table exactly what dynemb_lookup does for the same keys,
+ * mode and `now` (TRAIN: counts candidates, inserts admitted keys, stamps
+ * last access; EVAL: nothing), without copying values: admitted[i] is set to
+ * 1 where that lookup would return the key's row and to 0 where it would
+ * return the default value. Input pipelines use it to send a batch's keys to
+ * the engine ahead of the step; the step then reads in EVAL mode.
+ * Errors: as dynemb_lookup. */
+DYNEMB_API int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n,
+                              int mode, int64_t now, uint8_t *admitted);
+
 /* Widens int32 keys to int64 (sign-extending), for callers with int32 ids. */
 DYNEMB_API void dynemb_widen_keys(const int32_t *in, size_t n, int64_t *out);
 

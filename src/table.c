@@ -441,7 +441,8 @@ typedef struct lookup_counts {
 static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
                          const int64_t *keys, const uint64_t *hs,
                          const uint32_t *miss, uint32_t nmiss, uint32_t now,
-                         uint32_t threshold, float *out, lookup_counts *lc) {
+                         uint32_t threshold, float *out, uint8_t *admitted,
+                         lookup_counts *lc) {
   const size_t dim = (size_t)t->dim, rbytes = dim * sizeof(float);
   int rc = DYNEMB_OK;
   pthread_rwlock_wrlock(&sh->lock);
@@ -449,11 +450,12 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
     uint32_t i = miss[m];
     int64_t key = keys[i];
     uint64_t h = hs[i];
-    float *dst = out + (size_t)i * dim;
+    float *dst = out ? out + (size_t)i * dim : NULL;
     dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);
+    if (admitted) admitted[i] = 1; /* reset below when rejected */
     if (e) { /* inserted since the read pass (or repeated in the batch) */
       stamp(e, now);
-      memcpy(dst, row_of(sh, e->loc), rbytes);
+      if (dst) memcpy(dst, row_of(sh, e->loc), rbytes);
       lc->hits++;
       continue;
     }
@@ -470,7 +472,8 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
         if (c->last_access < now) c->last_access = now;
       }
       if (c->loc < threshold) {
-        memcpy(dst, t->default_value, rbytes);
+        if (dst) memcpy(dst, t->default_value, rbytes);
+        if (admitted) admitted[i] = 0;
         lc->rejected++;
         continue;
       }
@@ -478,7 +481,7 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
     }
     rc = insert_row(t, sh, key, h, now, &e);
     if (rc) break;
-    memcpy(dst, row_of(sh, e->loc), rbytes);
+    if (dst) memcpy(dst, row_of(sh, e->loc), rbytes);
     lc->inserted++;
   }
   pthread_rwlock_unlock(&sh->lock);
@@ -497,7 +500,7 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
  * the row of key i - ROW_DIST is copied. Misses are then grouped by shard
  * and handled under each shard's write lock (lookup_misses). */
 static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
-                       int train, uint32_t now, float *out,
+                       int train, uint32_t now, float *out, uint8_t *admitted,
                        lookup_counts *lc) {
   const size_t S = t->nshards, dim = (size_t)t->dim;
   const size_t rbytes = dim * sizeof(float);
@@ -537,9 +540,10 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       dynemb_shard *sh = &t->shards[dynemb_table_shard_of(t, h)];
       dynemb_index_entry *e = dynemb_index_find(&sh->rows, keys[i], h);
       const float *r = dflt;
+      if (admitted) admitted[i] = e != NULL;
       if (e) {
         r = row_of(sh, e->loc);
-        prefetch_lines(r, rbytes, 0);
+        if (out) prefetch_lines(r, rbytes, 0);
         if (train) stamp(e, now);
         hits++;
       } else if (train) {
@@ -550,7 +554,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
     if (i >= ROW_DIST) {
       size_t c = i - ROW_DIST;
       const float *r = ring[c % RING];
-      if (r) memcpy(out + c * dim, r, rbytes);
+      if (r && out) memcpy(out + c * dim, r, rbytes);
     }
   }
   for (size_t s = S; s-- > 0;)
@@ -573,7 +577,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       uint32_t end = cnt[s];
       if (end > begin)
         rc = lookup_misses(t, &t->shards[s], keys, hs, order + begin,
-                           end - begin, now, threshold, out, lc);
+                           end - begin, now, threshold, out, admitted, lc);
       begin = end;
     }
   }
@@ -581,10 +585,13 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
   return rc;
 }
 
-int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
-                  int64_t now, float *out) {
+/* dynemb_lookup and dynemb_prepare: `out` and/or `admitted` (one may be
+ * NULL; the public functions check theirs). */
+static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
+                       int mode, int64_t now, float *out, uint8_t *admitted,
+                       const char *fn) {
   dynemb_error_clear();
-  if (!t) return null_table("dynemb_lookup");
+  if (!t) return null_table(fn);
   if (mode != DYNEMB_LOOKUP_TRAIN && mode != DYNEMB_LOOKUP_EVAL)
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': lookup mode %d is unknown; use "
@@ -593,23 +600,45 @@ int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
   int rc = check_now(t, now);
   if (rc) return rc;
   if (n == 0) return DYNEMB_OK;
-  if (!keys || !out)
+  if (!keys || (!out && !admitted))
     return dynemb_error_set(DYNEMB_EINVAL,
-                            "table '%s': lookup of %zu keys got a NULL %s "
+                            "table '%s': %s of %zu keys got a NULL %s "
                             "buffer; pass valid keys and output buffers",
-                            t->name, n, keys ? "output" : "keys");
+                            t->name, fn, n, keys ? "output" : "keys");
   lookup_counts lc = {0, 0, 0};
   const size_t part = (size_t)1 << 31;
   for (size_t off = 0; off < n && !rc; off += part) {
     size_t m = n - off < part ? n - off : part;
     rc = lookup_part(t, keys + off, m, mode == DYNEMB_LOOKUP_TRAIN,
-                     (uint32_t)now, out + off * (size_t)t->dim, &lc);
+                     (uint32_t)now, out ? out + off * (size_t)t->dim : NULL,
+                     admitted ? admitted + off : NULL, &lc);
   }
   ADD(&t->n_lookups, (uint64_t)n);
   if (lc.hits) ADD(&t->n_hits, lc.hits);
   if (lc.inserted) ADD(&t->n_inserted, lc.inserted);
   if (lc.rejected) ADD(&t->n_rejected, lc.rejected);
   return rc;
+}
+
+int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
+                  int64_t now, float *out) {
+  if (t && n && keys && !out) {
+    dynemb_error_clear();
+    return dynemb_error_set(DYNEMB_EINVAL, "table '%s': lookup of %zu keys got "
+                            "a NULL output buffer; pass valid keys and output "
+                            "buffers", t->name, n);
+  }
+  return lookup_impl(t, keys, n, mode, now, out, NULL, "dynemb_lookup");
+}
+
+int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
+                   int64_t now, uint8_t *admitted) {
+  if (t && n && keys && !admitted) {
+    dynemb_error_clear();
+    return dynemb_error_set(DYNEMB_EINVAL, "table '%s': prepare of %zu keys "
+                            "got a NULL admitted buffer", t->name, n);
+  }
+  return lookup_impl(t, keys, n, mode, now, NULL, admitted, "dynemb_prepare");
 }
 
 /* ------------------------------------------------------------------------ */

@@ -115,6 +115,9 @@ static void fail_engine(TF_OpKernelContext *ctx, int rc, const char *op) {
        (m && *m) ? m : dynemb_strerror(rc));
 }
 
+/* Largest ids rank DynembPrepare accepts (its output has the ids' shape). */
+#define DYNEMB_PREPARE_MAX_RANK 16
+
 /* Per-kernel state: the table name attr (and is_train for lookups). */
 typedef struct kstate {
   char *table_name;
@@ -297,6 +300,64 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
                          k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
                          now, TF_TensorData(out));
   if (rc != DYNEMB_OK) fail_engine(ctx, rc, "lookup");
+done:
+  free(wide);
+  if (out) TF_DeleteTensor(out);
+  if (ids) TF_DeleteTensor(ids);
+  if (nowt) TF_DeleteTensor(nowt);
+  dynemb_table_release(t);
+}
+
+/* ------------------------------------------------------------------------ */
+/* DynembPrepare                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* The table-side work of a lookup (is_train: count, insert, stamp) ahead of
+ * the step, without values: admitted[i] says whether a lookup would have
+ * returned the row (true) or the default value (false) for ids[i]. */
+static void prepare_compute(void *p, TF_OpKernelContext *ctx) {
+  const kstate *k = p;
+  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL;
+  dynemb_table *t = NULL;
+  int64_t *wide = NULL;
+  if (!(ids = input(ctx, 0)) || !(nowt = input(ctx, 1))) goto done;
+  int64_t now = 0;
+  if (scalar_i64(ctx, nowt, "prepare", "now", &now)) goto done;
+  if (!(t = find_table(ctx, k, "prepare"))) goto done;
+  const int nd = TF_NumDims(ids);
+  int64_t dims[DYNEMB_PREPARE_MAX_RANK];
+  if (nd > DYNEMB_PREPARE_MAX_RANK) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb prepare: table '%s': ids have rank "
+         "%d; at most %d is supported", k->table_name, nd,
+         DYNEMB_PREPARE_MAX_RANK);
+    goto done;
+  }
+  for (int d = 0; d < nd; d++) dims[d] = TF_Dim(ids, d);
+  if (!(out = output(ctx, 0, TF_BOOL, dims, nd, 1))) goto done;
+  const int64_t n = TF_TensorElementCount(ids);
+  if (n == 0) goto done;
+  const int64_t *keys;
+  if (TF_TensorType(ids) == TF_INT32) {
+    wide = malloc((size_t)n * sizeof *wide);
+    if (!wide) {
+      fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb prepare: table '%s': out of "
+           "memory widening %lld int32 ids", k->table_name, (long long)n);
+      goto done;
+    }
+    dynemb_widen_keys(TF_TensorData(ids), (size_t)n, wide);
+    keys = wide;
+  } else if (TF_TensorType(ids) == TF_INT64) {
+    keys = TF_TensorData(ids);
+  } else {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb prepare: table '%s': ids must be "
+         "int32 or int64; cast them with tf.cast(ids, tf.int64)",
+         k->table_name);
+    goto done;
+  }
+  int rc = dynemb_prepare(t, keys, (size_t)n,
+                          k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
+                          now, TF_TensorData(out));
+  if (rc != DYNEMB_OK) fail_engine(ctx, rc, "prepare");
 done:
   free(wide);
   if (out) TF_DeleteTensor(out);
@@ -607,6 +668,11 @@ __attribute__((constructor)) static void dynemb_register_ops(void) {
                    "Tkeys: {int32, int64}"),
               LIST("ids: Tkeys", "now: int64", "anchor: float"),
               LIST("embeddings: float"), create_lookup, lookup_compute);
+  register_op("DynembPrepare",
+              LIST("table_name: string", "is_train: bool = true",
+                   "Tkeys: {int32, int64}"),
+              LIST("ids: Tkeys", "now: int64"), LIST("admitted: bool"),
+              create_lookup, prepare_compute);
   register_op("DynembApply", LIST("table_name: string"),
               LIST("keys: int64", "grads: float", "learning_rate: float"),
               LIST("applied: int64"), create_plain, apply_compute);
