@@ -668,17 +668,40 @@ static int any_nonfinite(const float *x, size_t n) {
 
 typedef struct dedupe_slot {
   int64_t key;
-  uint32_t u; /* unique index, UINT32_MAX = empty */
-  uint32_t pad;
+  uint32_t u;   /* unique index within the segment */
+  uint32_t gen; /* segment number + 1; another value means empty */
 } dedupe_slot;
 
 typedef struct uniq {
-  uint32_t first, last, count;
-  uint32_t pad;
-  const float *grad;
-  dynemb_index_entry *entry;
+  int64_t key;
+  uint64_t hash;
+  uint32_t first, last, count; /* batch-order chain through next[] */
+  uint32_t skip;               /* nonfinite (policy SKIP) */
+  const float *grad;           /* the caller's row or the summed row */
 } uniq;
 
+/* acc += x over n floats (blocks of 8 so that compilers vectorize). */
+static inline void add_floats(float *restrict acc, const float *restrict x,
+                              size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    float a[8], b[8];
+    memcpy(a, acc + i, sizeof a);
+    memcpy(b, x + i, sizeof b);
+    for (int k = 0; k < 8; k++) a[k] += b[k];
+    memcpy(acc + i, a, sizeof a);
+  }
+  for (; i < n; i++) acc[i] += x[i];
+}
+
+/* Apply, in two phases so that a failure changes nothing:
+ *  A (no locks): group the batch by shard; per shard, dedupe the keys
+ *    (small generation-stamped hash table), sum the gradients of repeated
+ *    keys in batch order, check finiteness (ERROR: the whole batch was
+ *    scanned up front; a sum that overflows is caught here);
+ *  B: per shard, under the write lock, probe the unique keys (index
+ *    prefetched ahead) and run the optimizer on each row (rows
+ *    prefetched ahead). */
 int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
                  const float *grads, float learning_rate,
                  dynemb_apply_stats *stats) {
@@ -690,10 +713,10 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
                             "table '%s': apply of %zu keys got a NULL %s "
                             "buffer; pass valid keys and gradients",
                             t->name, n, keys ? "gradient" : "keys");
-  if (n > UINT32_MAX)
+  if (n >= UINT32_MAX)
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': apply batch of %zu keys is too "
-                            "large; apply at most 2^32-1 keys per call",
+                            "large; apply fewer than 2^32-1 keys per call",
                             t->name, n);
   if (isnan(learning_rate) || isinf(learning_rate))
     return dynemb_error_set(DYNEMB_EINVAL,
@@ -723,93 +746,121 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
   group g = {0};
   dedupe_slot *dd = NULL;
   uniq *u = NULL;
-  uint32_t *next = NULL;
+  uint32_t *next = NULL, *useg = NULL;
   float *sum = NULL;
-  size_t sum_cap = 0;
   int rc = DYNEMB_OK;
   size_t n_uniq = 0, n_applied = 0, n_dropped = 0, n_nonfinite = 0;
-  if (n > 0 && group_keys(t, keys, n, &g)) goto nomem;
+  if (n == 0) {
+    __atomic_add_fetch(&t->apply_steps, 1, RELAXED);
+    goto done;
+  }
+  if (group_keys(t, keys, n, &g)) goto nomem;
   uint64_t dd_cap = 16;
   while (dd_cap < 2 * (uint64_t)g.max_seg) dd_cap *= 2;
-  if (n > 0) {
-    dd = malloc(dd_cap * sizeof *dd);
-    u = malloc(((size_t)g.max_seg + 1) * sizeof *u);
-    next = malloc(((size_t)g.max_seg + 1) * sizeof *next);
-    if (!dd || !u || !next) goto nomem;
-  }
-  const uint64_t step = __atomic_add_fetch(&t->apply_steps, 1, RELAXED);
-  for (uint32_t s = 0; n > 0 && s < t->nshards; s++) {
+  dd = calloc(dd_cap, sizeof *dd);
+  u = malloc(n * sizeof *u);
+  next = malloc(n * sizeof *next);
+  useg = malloc(((size_t)t->nshards + 1) * sizeof *useg);
+  if (!dd || !u || !next || !useg) goto nomem;
+
+  /* Phase A.1: dedupe every segment; uniques of shard s are
+   * u[useg[s] .. useg[s + 1]) in first-occurrence order. */
+  size_t multi_rows = 0;
+  useg[0] = 0;
+  for (uint32_t s = 0; s < t->nshards; s++) {
     uint32_t a = g.start[s], b = g.start[s + 1];
-    if (a == b) continue;
-    /* 1. dedupe the segment's keys (outside the lock) */
+    uint32_t nu = useg[s];
     uint64_t cap = 16;
     while (cap < 2 * (uint64_t)(b - a)) cap *= 2;
     const uint64_t mask = cap - 1;
-    memset(dd, 0xff, cap * sizeof *dd);
-    uint32_t nu = 0, multi = 0;
+    const uint32_t gen = s + 1;
     for (uint32_t j = a; j < b; j++) {
       uint64_t i = g.hash[j] & mask;
-      while (dd[i].u != UINT32_MAX && dd[i].key != g.key[j]) i = (i + 1) & mask;
-      next[j - a] = UINT32_MAX;
-      if (dd[i].u == UINT32_MAX) {
+      while (dd[i].gen == gen && dd[i].key != g.key[j]) i = (i + 1) & mask;
+      next[j] = UINT32_MAX;
+      if (dd[i].gen != gen) {
         dd[i].key = g.key[j];
+        dd[i].gen = gen;
         dd[i].u = nu;
-        u[nu].first = u[nu].last = j;
-        u[nu].count = 1;
-        nu++;
+        uniq *q = &u[nu++];
+        q->key = g.key[j];
+        q->hash = g.hash[j];
+        q->first = q->last = j;
+        q->count = 1;
+        q->skip = 0;
+        q->grad = grads + (size_t)g.pos[j] * dim;
       } else {
         uniq *q = &u[dd[i].u];
-        next[q->last - a] = j;
+        next[q->last] = j;
         q->last = j;
-        if (q->count++ == 1) multi++;
+        if (q->count++ == 1) multi_rows++;
       }
     }
-    n_uniq += nu;
-    /* 2. sum repeated keys in batch order; check finiteness (SKIP) */
-    if ((size_t)multi * dim > sum_cap) {
-      free(sum);
-      sum_cap = (size_t)multi * dim;
-      sum = malloc(sum_cap * sizeof(float));
-      if (!sum) goto nomem;
-    }
-    uint32_t m = 0, live = 0;
-    for (uint32_t k = 0; k < nu; k++) {
-      uniq *q = &u[k];
-      const float *gr = grads + (size_t)g.pos[q->first] * dim;
-      if (q->count > 1) {
-        float *acc = sum + (size_t)m++ * dim;
-        memcpy(acc, gr, dim * sizeof(float));
-        for (uint32_t j = next[q->first - a]; j != UINT32_MAX; j = next[j - a]) {
-          const float *x = grads + (size_t)g.pos[j] * dim;
-          for (size_t e = 0; e < dim; e++) acc[e] += x[e];
+    useg[s + 1] = nu;
+  }
+  n_uniq = useg[t->nshards];
+
+  /* Phase A.2: sums of repeated keys, in batch order; finiteness. */
+  if (multi_rows) {
+    sum = malloc(multi_rows * dim * sizeof(float));
+    if (!sum) goto nomem;
+  }
+  size_t m = 0;
+  for (size_t k = 0; k < n_uniq; k++) {
+    uniq *q = &u[k];
+    if (q->count > 1) {
+      float *acc = sum + m++ * dim;
+      memcpy(acc, q->grad, dim * sizeof(float));
+      for (uint32_t j = next[q->first]; j != UINT32_MAX; j = next[j]) {
+        if (next[j] != UINT32_MAX)
+          __builtin_prefetch(grads + (size_t)g.pos[next[j]] * dim);
+        add_floats(acc, grads + (size_t)g.pos[j] * dim, dim);
+      }
+      q->grad = acc;
+      if (any_nonfinite(acc, dim)) {
+        if (!skip) { /* finite gradients whose sum overflows */
+          rc = dynemb_error_set(
+              DYNEMB_ENONFINITE,
+              "table '%s': the %u gradients of key %lld sum to a non-finite "
+              "value (overflow); nothing was applied. Clip or scale the "
+              "gradients",
+              t->name, q->count, (long long)q->key);
+          goto done;
         }
-        gr = acc;
+        q->skip = 1;
       }
-      if (skip && any_nonfinite(gr, dim)) {
-        n_nonfinite++;
-        continue;
-      }
-      q->grad = gr;
-      u[live++] = *q; /* compact: live <= k */
+    } else if (skip && any_nonfinite(q->grad, dim)) {
+      q->skip = 1;
     }
-    /* 3. update the rows under the write lock */
+    n_nonfinite += q->skip;
+  }
+
+  /* Phase B: update the rows. */
+  const uint64_t step = __atomic_add_fetch(&t->apply_steps, 1, RELAXED);
+  const size_t row_bytes = (size_t)t->row_floats * sizeof(float);
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    uint32_t a = useg[s], b = useg[s + 1];
+    if (a == b) continue;
     dynemb_shard *sh = &t->shards[s];
     pthread_rwlock_wrlock(&sh->lock);
-    for (uint32_t k = 0; k < live; k++) {
-      if (k + IDX_PF < live)
-        dynemb_index_prefetch(&sh->rows, g.hash[u[k + IDX_PF].first]);
-      u[k].entry = dynemb_index_find(&sh->rows, g.key[u[k].first],
-                                     g.hash[u[k].first]);
-    }
-    const size_t row_bytes = (size_t)t->row_floats * sizeof(float);
-    for (uint32_t k = 0; k < live; k++) {
-      if (k + ROW_PF < live && u[k + ROW_PF].entry)
-        prefetch_lines(row_of(sh, u[k + ROW_PF].entry->loc), row_bytes, 1);
-      if (!u[k].entry) {
-        n_dropped++;
-        continue;
+    /* probe: the grad pointer of a key without a row becomes NULL, and the
+     * hash field is reused for the row's location */
+    for (uint32_t k = a; k < b; k++) {
+      if (k + IDX_PF < b) dynemb_index_prefetch(&sh->rows, u[k + IDX_PF].hash);
+      uniq *q = &u[k];
+      dynemb_index_entry *e = dynemb_index_find(&sh->rows, q->key, q->hash);
+      if (!e) {
+        if (!q->skip) n_dropped++;
+        q->skip = 1;
+      } else {
+        q->hash = e->loc;
       }
-      dynemb_optim_apply(&t->cfg.optimizer, row_of(sh, u[k].entry->loc),
+    }
+    for (uint32_t k = a; k < b; k++) {
+      if (k + ROW_PF < b && !u[k + ROW_PF].skip)
+        prefetch_lines(row_of(sh, (uint32_t)u[k + ROW_PF].hash), row_bytes, 1);
+      if (u[k].skip) continue;
+      dynemb_optim_apply(&t->cfg.optimizer, row_of(sh, (uint32_t)u[k].hash),
                          u[k].grad, t->dim, lr, step);
       n_applied++;
     }
@@ -826,7 +877,9 @@ done:
   free(dd);
   free(u);
   free(next);
+  free(useg);
   free(sum);
+  if (rc) n_uniq = n_nonfinite = 0;
   if (n_applied) ADD(&t->n_applied, (uint64_t)n_applied);
   if (n_dropped) ADD(&t->n_dropped, (uint64_t)n_dropped);
   if (n_nonfinite) ADD(&t->n_nonfinite, (uint64_t)n_nonfinite);

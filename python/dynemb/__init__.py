@@ -7,7 +7,11 @@ from dynemb import _lib
 from dynemb._lib import DynembError
 from dynemb.core.embedding import (EmbeddingTable, clear_tables, create_table, drop_table,
                                    sparse_lookup)
+from dynemb.core.asc.feature_spec import FeatureSpec
+from dynemb.core.asc.helper import get_asc_insert_func
+from dynemb.core.asc.manager import start_asc_pipeline
 from dynemb.core.feature_process import EvictHook
+from dynemb.graph.modifier import GraphModifierHook, modify_graph_and_start_emb_cache
 from dynemb.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 from dynemb.util.initialize import (ConfigInitializer, clear_channel, get_initializer,
                                     get_rank_id, get_rank_size, get_use_dynamic_expansion, init,
@@ -17,7 +21,9 @@ from dynemb.util.variable import get_dense_and_sparse_variable
 __version__ = "0.1.0"
 
 __all__ = [
-    "DynembError", "EmbeddingTable", "EvictHook", "ConfigInitializer", "adagrad", "clear_channel",
+    "DynembError", "EmbeddingTable", "EvictHook", "ConfigInitializer", "FeatureSpec",
+    "GraphModifierHook", "get_asc_insert_func", "modify_graph_and_start_emb_cache",
+    "start_asc_pipeline", "adagrad", "clear_channel",
     "clear_tables", "create_table", "drop_table", "ftrl", "get_dense_and_sparse_variable",
     "get_initializer", "get_rank_id", "get_rank_size", "get_use_dynamic_expansion", "gradient_descent",
     "init", "lazy_adam", "set_if_load", "sparse_lookup", "terminate",

@@ -504,10 +504,19 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         if not (is_train and is_grad):
             emb = tf.stop_gradient(emb)
         if ids.shape.rank == 1:
-            out = emb
+            # A new tensor, so graph modification can mask the op's output
+            # for every consumer (fetches included).
+            out = tf.identity(emb)
         else:
             out = tf.reshape(emb, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], 0))
         out.set_shape(ids.shape.concatenate([dim]))
+    if modify_graph:
+        # Fails at run time until modify_graph_and_start_emb_cache() or
+        # GraphModifierHook rewrites the lookup, instead of silently
+        # training in plain mode.
+        from dynemb.graph.rewrite import guard_lookup
+        guard_lookup(lookup_op, tname, "call modify_graph_and_start_emb_cache() before "
+                     "creating the session, or add GraphModifierHook() to the Estimator")
     st.lookups.append({"table": hashtable, "ids": ids, "output": out,
                        "op": lookup_op, "is_train": bool(is_train),
                        "modify_graph": bool(modify_graph), "send_count": send_count})
@@ -553,8 +562,10 @@ def set_access_threshold(threshold: int, emb_name: Optional[str] = None,
 
 
 def pipeline_initializer(is_training: bool) -> tf.Operation:
-    """get_initializer(): plain lookups need no input pipeline, so a no-op."""
-    return tf.no_op(name="dynemb_initializer_%s" % ("train" if is_training else "eval"))
+    """get_initializer(): the rebuilt input pipeline's initializer (a no-op
+    when the graph has no modify_graph lookups)."""
+    from dynemb.graph import modifier
+    return modifier.get_initializer(bool(is_training))
 
 
 def sparse_variables(graph: Optional[tf.Graph] = None) -> list:
