@@ -4,7 +4,11 @@
 #   make venv       .venv with the pinned TensorFlow (first run downloads it)
 #   make ops        TensorFlow op library (needs the venv)
 #   make test       every test: C unit tests (ASan+UBSan), TSan stress,
-#                   checkpoint fuzzing, Python/TensorFlow tests
+#                   checkpoint fuzzing, Python/TensorFlow tests on the pinned
+#                   TensorFlow 2.15.1, then the sess.run tests again on
+#                   TensorFlow 2.19.1 with the SAME op library binary
+#                   (`make test TF_COMPAT=0` skips that second run;
+#                   docs/tensorflow-versions.md)
 #   make demo       venv + build + the Criteo training demo
 #   make bench      engine benchmark (JSON)
 
@@ -13,6 +17,14 @@ PYTHON   ?= python3
 VENV     := .venv
 VPY      := $(VENV)/bin/python
 TF_PIN   := tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0
+PIP      := -m pip install -q --disable-pip-version-check --no-input
+
+# Second TensorFlow for the compatibility run of `make test`: a venv with the
+# locked TF 2.19.1 + tf-keras (tf/requirements-tf219.txt), in which the op
+# library built against 2.15.1 is loaded unchanged. CI runs it (TF_COMPAT=1).
+TF_COMPAT   ?= 1
+COMPAT_VENV := .venv-tf219
+COMPAT_LOCK := tf/requirements-tf219.txt
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 BASEFLAGS:= -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -fPIC -fvisibility=hidden -pthread $(WARN)
@@ -66,25 +78,40 @@ TSAN_TESTS := $(TSAN_SRC:tests/c/%.c=build/tsan/%)
 c-tests: $(C_TESTS) $(TSAN_TESTS)
 
 # --- Python / TensorFlow ------------------------------------------------------
+# setuptools>=64 and wheel: the editable install below runs without build
+# isolation, so the build backend pyproject.toml names must be in the venv.
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q $(TF_PIN) pytest numpy
+	$(VPY) $(PIP) --upgrade pip
+	$(VPY) $(PIP) $(TF_PIN) pytest numpy "setuptools>=64" wheel
 	@touch $@
 
 venv: $(VENV)/.stamp
 
+# The lock lists every package: --no-deps installs exactly it (see the file).
+$(COMPAT_VENV)/.stamp: $(COMPAT_LOCK)
+	rm -rf $(COMPAT_VENV)
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python $(PIP) --no-deps -r $(COMPAT_LOCK)
+	@touch $@
+
+compat-venv: $(COMPAT_VENV)/.stamp
+
 ops: venv build/libdynemb.a
-	$(MAKE) -f tf/ops.mk PYTHON=$(VPY)
+	$(MAKE) --no-print-directory -f tf/ops.mk PYTHON=$(VPY)
 
 install-py: venv
-	$(VPY) -m pip install -q --no-build-isolation -e .
+	$(VPY) $(PIP) --no-build-isolation -e .
 
 # --- entry points ---------------------------------------------------------------
+# The op library is built once, against .venv's TensorFlow 2.15.1 headers;
+# tests/run_all.sh loads that same file under both TensorFlow versions.
 test: all c-tests
 	@if command -v clang >/dev/null 2>&1; then $(MAKE) --no-print-directory build/fuzz/fuzz_ckpt; fi
-	@if [ -f pyproject.toml ]; then $(MAKE) --no-print-directory install-py; fi
-	@bash tests/run_all.sh
+	@$(MAKE) --no-print-directory install-py
+	@$(MAKE) --no-print-directory ops
+	@if [ "$(TF_COMPAT)" != 0 ]; then $(MAKE) --no-print-directory compat-venv; fi
+	@TF_COMPAT=$(TF_COMPAT) TF_COMPAT_VENV=$(COMPAT_VENV) bash tests/run_all.sh
 
 demo: all install-py
 	$(VPY) examples/criteo_demo.py
@@ -96,4 +123,4 @@ bench: all
 clean:
 	rm -rf build
 
-.PHONY: all c-tests venv ops install-py test demo bench clean
+.PHONY: all c-tests venv compat-venv ops install-py test demo bench clean

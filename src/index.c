@@ -56,18 +56,21 @@ static uint64_t limit_of(uint64_t cap) {
 int dynemb_index_reserve(dynemb_index *ix, uint64_t count) {
   if (count <= ix->limit) return DYNEMB_OK;
   double cf = ix->cap_f > 0 ? ix->cap_f * DYNEMB_INDEX_GROWTH : ix->first_cap;
-  while (limit_of((uint64_t)cf) < count) cf *= DYNEMB_INDEX_GROWTH;
   /* fastrange maps 32 hash bits: the capacity must stay below 2^32. */
+  while (cf < 4294967295.0 && limit_of((uint64_t)cf) < count)
+    cf *= DYNEMB_INDEX_GROWTH;
   if (cf >= 4294967295.0) return DYNEMB_ENOMEM;
   uint64_t cap = (uint64_t)cf;
   dynemb_index_entry *s = malloc(cap * sizeof *s);
   if (!s) return DYNEMB_ENOMEM;
   memset(s, 0xff, cap * sizeof *s);
   if (ix->cap_f > 0) {
+    const int direct = ix->hash == dynemb_hash_key;
     for (uint64_t i = 0; i < ix->cap; i++) {
       const dynemb_index_entry *e = ix->slots + i;
       if (e->loc == DYNEMB_LOC_EMPTY) continue;
-      uint64_t j = ((uint64_t)(uint32_t)ix->hash(e->key) * cap) >> 32;
+      uint64_t h = direct ? dynemb_hash_key(e->key) : ix->hash(e->key);
+      uint64_t j = ((uint64_t)(uint32_t)h * cap) >> 32;
       while (s[j].loc != DYNEMB_LOC_EMPTY)
         if (++j == cap) j = 0;
       s[j] = *e;
@@ -102,7 +105,9 @@ void dynemb_index_erase_at(dynemb_index *ix, uint64_t pos) {
     if (++j == cap) j = 0;
     dynemb_index_entry *e = ix->slots + j;
     if (e->loc == DYNEMB_LOC_EMPTY) break;
-    uint64_t home = dynemb_index_home(ix, ix->hash(e->key));
+    uint64_t h = ix->hash == dynemb_hash_key ? dynemb_hash_key(e->key)
+                                              : ix->hash(e->key);
+    uint64_t home = dynemb_index_home(ix, h);
     /* The entry may fill the hole if the hole lies on its probe path,
      * i.e. cyclically within [home, j]. */
     uint64_t d_home = j >= home ? j - home : j + cap - home;

@@ -9,7 +9,8 @@
  *   stream(seed, key) = hash64(hash_key(key) ^ hash64(seed ^ C1))
  *   word(j)           = hash64(stream + (j + 1) * C2)      (64 random bits)
  *
- * Uniform uses the top 24 bits of word(j) (exact in a float). Normal uses
+ * Uniform uses 24-bit halves of word(j/2) (bits 40..63 for even j, bits
+ * 8..31 for odd j; 24 bits are exact in a float). Normal uses
  * Box-Muller on word(j/2): its high and low 32 bits give two uniforms and
  * the pair (cos, sin) fills elements 2k and 2k+1. Truncated normal draws
  * element j from word(j + draw * 2^32) (one Box-Muller value per draw) and
@@ -80,8 +81,15 @@ static inline void box_muller(uint64_t w, double *z0, double *z1) {
   double u2 = (double)(uint32_t)w * (1.0 / 4294967296.0);
   double r = sqrt(-2.0 * log(u1));
   double ang = two_pi * u2;
+#ifdef __GLIBC__
+  double s, c;
+  sincos(ang, &s, &c);
+  *z0 = r * c;
+  if (z1) *z1 = r * s;
+#else
   *z0 = r * cos(ang);
   if (z1) *z1 = r * sin(ang);
+#endif
 }
 
 void dynemb_init_row(const dynemb_initializer *init, int64_t key, float *out,
@@ -94,8 +102,11 @@ void dynemb_init_row(const dynemb_initializer *init, int64_t key, float *out,
   case DYNEMB_INIT_UNIFORM: {
     float lo = init->a, hi = init->b;
     double span = (double)hi - (double)lo;
+    uint64_t w = 0;
     for (int j = 0; j < dim; j++) {
-      double u = (double)(word(stream, (uint64_t)j) >> 40) * (1.0 / 16777216.0);
+      if (!(j & 1)) w = word(stream, (uint64_t)(j / 2));
+      uint32_t bits = (uint32_t)(j & 1 ? (w >> 8) & 0xffffff : w >> 40);
+      double u = (double)bits * (1.0 / 16777216.0);
       float v = (float)((double)lo + span * u);
       if (v >= hi) v = nextafterf(hi, lo); /* rounding must not reach max */
       if (v < lo) v = lo;

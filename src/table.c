@@ -6,17 +6,24 @@
  * row_floats = dim * (1 + slots) floats: the `dim` embedding floats, then
  * the optimizer's `slots` slot vectors of `dim` floats each (optim.h).
  *
- * Concurrency: a batch is first grouped by lock shard (a counting sort of
- * the key positions by the key hash's top bits), then each shard's lock is
- * taken once per batch. Train-mode lookups copy hits under the read lock
- * (stamping last_access with a relaxed atomic store) and take the write
- * lock only for the misses (re-probe, admission count, insert). Apply
- * dedupes and sums gradients outside the lock and updates rows under the
- * write lock. Snapshot and import hold every shard lock (ascending order;
- * no other path ever holds two shard locks), so they see / make one
- * consistent state. Counters are per-call sums added with relaxed atomics.
+ * Concurrency (each shard has a writer-preferring rwlock; every path that
+ * holds several shard locks takes them in ascending order, so there is no
+ * deadlock):
+ *  - lookup: hits are served in batch order under the read locks of every
+ *    shard the batch touches (taken once per batch), so the output is
+ *    written sequentially; last_access is stamped with a relaxed atomic
+ *    store. Misses are then grouped by shard and handled under each
+ *    shard's write lock (re-probe, admission count, insert).
+ *  - apply: the batch is grouped by shard (counting sort of positions by
+ *    the hash's top bits); keys are deduped and repeated gradients summed
+ *    outside any lock; each shard's rows are updated under its write lock.
+ *  - evict: one shard at a time under its write lock.
+ *  - snapshot / import / clear: every shard lock at once, so they see or
+ *    make one consistent state.
+ * Counters are per-call sums added with relaxed atomics.
  *
- * Index probes are prefetched a few keys ahead, rows before they are read.
+ * Memory latency is hidden by software prefetch: index entries a dozen
+ * keys ahead, rows (and gradient rows) a few keys ahead.
  */
 #include "table.h"
 
@@ -399,20 +406,18 @@ static int insert_error(const dynemb_table *t, int rc) {
  * Nothing changes on failure. */
 static int insert_row(dynemb_table *t, dynemb_shard *sh, int64_t key,
                       uint64_t h, uint32_t now, dynemb_index_entry **out) {
+  /* rows_total is kept only for a budget (fixed at creation), so that
+   * unbudgeted inserts on different shards share no cache line */
   uint64_t budget = t->cfg.host_vocabulary_size;
-  if (budget) {
-    if (ADD(&t->rows_total, 1) >= budget) {
-      ADD(&t->rows_total, (uint64_t)-1);
-      return budget_error(t);
-    }
-  } else {
-    ADD(&t->rows_total, 1);
+  if (budget && ADD(&t->rows_total, 1) >= budget) {
+    ADD(&t->rows_total, (uint64_t)-1);
+    return budget_error(t);
   }
   int rc = dynemb_index_reserve(&sh->rows, sh->rows.count + 1);
   uint32_t slot = 0;
   if (!rc) rc = dynemb_arena_alloc(&sh->arena, &slot);
   if (rc) {
-    ADD(&t->rows_total, (uint64_t)-1);
+    if (budget) ADD(&t->rows_total, (uint64_t)-1);
     return insert_error(t, rc);
   }
   float *row = dynemb_arena_row(&sh->arena, slot);
@@ -674,10 +679,12 @@ typedef struct dedupe_slot {
 
 typedef struct uniq {
   int64_t key;
-  uint64_t hash;
-  uint32_t first, last, count; /* batch-order chain through next[] */
-  uint32_t skip;               /* nonfinite (policy SKIP) */
-  const float *grad;           /* the caller's row or the summed row */
+  uint64_t hash;   /* then, in phase B, the row's location */
+  uint32_t first;  /* first occurrence (segment-order index) */
+  uint32_t count;  /* occurrences */
+  uint32_t acc;    /* row of the sum buffer, if count > 1 */
+  uint32_t skip;   /* nonfinite (policy SKIP) or no row */
+  const float *grad; /* the caller's row or the summed row */
 } uniq;
 
 /* acc += x over n floats (blocks of 8 so that compilers vectorize). */
@@ -746,7 +753,7 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
   group g = {0};
   dedupe_slot *dd = NULL;
   uniq *u = NULL;
-  uint32_t *next = NULL, *useg = NULL;
+  uint32_t *uo = NULL, *useg = NULL;
   float *sum = NULL;
   int rc = DYNEMB_OK;
   size_t n_uniq = 0, n_applied = 0, n_dropped = 0, n_nonfinite = 0;
@@ -759,13 +766,14 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
   while (dd_cap < 2 * (uint64_t)g.max_seg) dd_cap *= 2;
   dd = calloc(dd_cap, sizeof *dd);
   u = malloc(n * sizeof *u);
-  next = malloc(n * sizeof *next);
+  uo = malloc(n * sizeof *uo);
   useg = malloc(((size_t)t->nshards + 1) * sizeof *useg);
-  if (!dd || !u || !next || !useg) goto nomem;
+  if (!dd || !u || !uo || !useg) goto nomem;
 
   /* Phase A.1: dedupe every segment; uniques of shard s are
-   * u[useg[s] .. useg[s + 1]) in first-occurrence order. */
-  size_t multi_rows = 0;
+   * u[useg[s] .. useg[s + 1]) in first-occurrence order; uo[j] is the
+   * unique of occurrence j. */
+  uint32_t multi_rows = 0;
   useg[0] = 0;
   for (uint32_t s = 0; s < t->nshards; s++) {
     uint32_t a = g.start[s], b = g.start[s + 1];
@@ -777,47 +785,51 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
     for (uint32_t j = a; j < b; j++) {
       uint64_t i = g.hash[j] & mask;
       while (dd[i].gen == gen && dd[i].key != g.key[j]) i = (i + 1) & mask;
-      next[j] = UINT32_MAX;
       if (dd[i].gen != gen) {
         dd[i].key = g.key[j];
         dd[i].gen = gen;
         dd[i].u = nu;
-        uniq *q = &u[nu++];
+        uniq *q = &u[nu];
         q->key = g.key[j];
         q->hash = g.hash[j];
-        q->first = q->last = j;
+        q->first = j;
         q->count = 1;
         q->skip = 0;
         q->grad = grads + (size_t)g.pos[j] * dim;
+        uo[j] = nu++;
       } else {
         uniq *q = &u[dd[i].u];
-        next[q->last] = j;
-        q->last = j;
-        if (q->count++ == 1) multi_rows++;
+        if (q->count++ == 1) q->acc = multi_rows++;
+        uo[j] = dd[i].u;
       }
     }
     useg[s + 1] = nu;
   }
   n_uniq = useg[t->nshards];
 
-  /* Phase A.2: sums of repeated keys, in batch order; finiteness. */
+  /* Phase A.2: sums of repeated keys: a scatter-add over the
+   * occurrences in segment order (batch order within a key), with the
+   * gradient rows prefetched ahead; then finiteness. */
   if (multi_rows) {
-    sum = malloc(multi_rows * dim * sizeof(float));
+    sum = malloc((size_t)multi_rows * dim * sizeof(float));
     if (!sum) goto nomem;
+    for (size_t j = 0; j < n; j++) {
+      if (j + 8 < n) __builtin_prefetch(grads + (size_t)g.pos[j + 8] * dim);
+      const uniq *q = &u[uo[j]];
+      if (q->count == 1) continue;
+      float *acc = sum + (size_t)q->acc * dim;
+      const float *x = grads + (size_t)g.pos[j] * dim;
+      if (j == q->first)
+        memcpy(acc, x, dim * sizeof(float));
+      else
+        add_floats(acc, x, dim);
+    }
   }
-  size_t m = 0;
   for (size_t k = 0; k < n_uniq; k++) {
     uniq *q = &u[k];
     if (q->count > 1) {
-      float *acc = sum + m++ * dim;
-      memcpy(acc, q->grad, dim * sizeof(float));
-      for (uint32_t j = next[q->first]; j != UINT32_MAX; j = next[j]) {
-        if (next[j] != UINT32_MAX)
-          __builtin_prefetch(grads + (size_t)g.pos[next[j]] * dim);
-        add_floats(acc, grads + (size_t)g.pos[j] * dim, dim);
-      }
-      q->grad = acc;
-      if (any_nonfinite(acc, dim)) {
+      q->grad = sum + (size_t)q->acc * dim;
+      if (any_nonfinite(q->grad, dim)) {
         if (!skip) { /* finite gradients whose sum overflows */
           rc = dynemb_error_set(
               DYNEMB_ENONFINITE,
@@ -857,8 +869,11 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
       }
     }
     for (uint32_t k = a; k < b; k++) {
-      if (k + ROW_PF < b && !u[k + ROW_PF].skip)
+      if (k + ROW_PF < b && !u[k + ROW_PF].skip) {
+        /* the row, and the gradient (scattered in the caller's array) */
         prefetch_lines(row_of(sh, (uint32_t)u[k + ROW_PF].hash), row_bytes, 1);
+        prefetch_lines(u[k + ROW_PF].grad, dim * sizeof(float), 0);
+      }
       if (u[k].skip) continue;
       dynemb_optim_apply(&t->cfg.optimizer, row_of(sh, (uint32_t)u[k].hash),
                          u[k].grad, t->dim, lr, step);
@@ -876,7 +891,7 @@ done:
   free(g.mem);
   free(dd);
   free(u);
-  free(next);
+  free(uo);
   free(useg);
   free(sum);
   if (rc) n_uniq = n_nonfinite = 0;
@@ -932,7 +947,7 @@ int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
     pthread_rwlock_wrlock(&sh->lock);
     uint64_t r = evict_index(&sh->rows, &sh->arena, now, thr);
     cands += evict_index(&sh->cands, NULL, now, thr);
-    if (r) ADD(&t->rows_total, (uint64_t)0 - r);
+    if (r && t->cfg.host_vocabulary_size) ADD(&t->rows_total, (uint64_t)0 - r);
     pthread_rwlock_unlock(&sh->lock);
     rows += r;
   }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test binary that `make test` built, then the Python/TensorFlow
-# tests, and ends with one line "N passed, N failed" over all of them.
-# Exits non-zero if anything failed.
+# tests (on the pinned TensorFlow, and unless TF_COMPAT=0 once more on the
+# newer TensorFlow of $TF_COMPAT_VENV with the same op library), and ends
+# with one line "N passed, N failed" over all of them (skipped tests are in
+# neither count). Exits non-zero if anything failed.
 set -u
 cd "$(dirname "$0")/.."
 passed=0; failed=0
@@ -29,15 +31,49 @@ if [ -x build/fuzz/fuzz_ckpt ]; then
     tail -n 30 build/fuzz/log.txt; echo "FAIL fuzz_ckpt"; failed=$((failed + 1))
   fi
 fi
-if [ -x .venv/bin/python ] && [ -d tests/py ] && ls tests/py/test_*.py >/dev/null 2>&1; then
-  echo "== pytest"
-  out=$(.venv/bin/python -m pytest -q tests/py 2>&1); rc=$?
+pytest_run() {  # LABEL PYTHON [VAR=VALUE...]: one pytest run over tests/py, counted
+  local label="$1" py="$2" out rc line p f s; shift 2
+  echo "== pytest ($label)"
+  out=$(env "$@" "$py" -m pytest -q -rs -p no:cacheprovider tests/py 2>&1); rc=$?
   printf '%s\n' "$out" | tail -n 60
-  line=$(grep -E '[0-9]+ (passed|failed)' <<<"$out" | tail -n 1)
+  line=$(grep -E '[0-9]+ (passed|failed|skipped|errors?) in ' <<<"$out" | tail -n 1)
   p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+'); p=${p:-0}
   f=$(grep -oE '[0-9]+ (failed|error|errors)' <<<"$line" | awk '{s+=$1} END {print s+0}')
-  passed=$((passed + p)); failed=$((failed + f))
+  s=$(grep -oE '[0-9]+ skipped' <<<"$line" | grep -oE '[0-9]+'); s=${s:-0}
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+  # pytest exit 5 = nothing collected; any other non-zero without counted
+  # failures (crash, collection error, usage error) is one failure.
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); fi
+}
+skipped=0
+OPS_LIB=build/tf/_dynemb_ops.so
+if [ -x .venv/bin/python ] && [ -d tests/py ] && ls tests/py/test_*.py >/dev/null 2>&1; then
+  sum_before=$(sha256sum "$OPS_LIB" 2>/dev/null | cut -c1-64)
+  built_with=$(cat "$OPS_LIB.tf-version" 2>/dev/null || echo '?')
+  echo "== op library $OPS_LIB: sha256 ${sum_before:-missing}, built with TensorFlow $built_with headers"
+  pytest_run "pinned TensorFlow" .venv/bin/python
+  # Compatibility run (make test TF_COMPAT=1, the default): the sess.run tests
+  # on a newer TensorFlow, loading the very same op library file. dynemb is
+  # not installed in that venv: python/ comes from the source tree.
+  compat_venv=${TF_COMPAT_VENV:-.venv-tf219}
+  if [ "${TF_COMPAT:-1}" != 0 ]; then
+    if [ -x "$compat_venv/bin/python" ] && [ -n "$sum_before" ]; then
+      pytest_run "compatibility: $compat_venv, same op library" "$compat_venv/bin/python" \
+        TF_USE_LEGACY_KERAS=1 PYTHONPATH="$PWD/python" DYNEMB_OPS_LIB="$PWD/$OPS_LIB"
+      sum_after=$(sha256sum "$OPS_LIB" 2>/dev/null | cut -c1-64)
+      if [ "$sum_after" = "$sum_before" ]; then
+        echo "PASS tf-compat: both pytest runs loaded $OPS_LIB sha256 $sum_before"
+        passed=$((passed + 1))
+      else
+        echo "FAIL tf-compat: $OPS_LIB changed between the two runs ($sum_before -> ${sum_after:-missing})"
+        failed=$((failed + 1))
+      fi
+    else
+      echo "FAIL tf-compat: $compat_venv/bin/python or $OPS_LIB missing (make test builds both; make test TF_COMPAT=0 skips this run)"
+      failed=$((failed + 1))
+    fi
+  fi
+  echo "== pytest: $skipped skipped over all runs"
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

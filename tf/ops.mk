@@ -8,26 +8,36 @@
 # The engine archive build/libdynemb.a is linked in whole; its public
 # dynemb_* functions stay exported so Python can call them through ctypes on
 # the same loaded library. --no-undefined turns a missing TF export into a
-# build error instead of a load error.
+# build error instead of a load error. -lz comes before the TensorFlow
+# library: libtensorflow_framework.so.2 exports its own bundled zlib's crc32,
+# and with gcc's default --as-needed the op library would otherwise depend on
+# that private export instead of on libz.so.1.
+#
+# One binary serves several TensorFlow versions (docs/tensorflow-versions.md):
+# $(OUT).tf-version records the TensorFlow whose headers it was built with.
 
 PYTHON  ?= python3
 CC      ?= cc
 OUT     ?= build/tf/_dynemb_ops.so
 
-TF_INC  := $(shell $(PYTHON) -c 'import os; os.environ["TF_CPP_MIN_LOG_LEVEL"]="3"; import tensorflow as tf; print(tf.sysconfig.get_include())' 2>/dev/null)
-TF_LIB  := $(shell $(PYTHON) -c 'import os; os.environ["TF_CPP_MIN_LOG_LEVEL"]="3"; import tensorflow as tf; print(tf.sysconfig.get_lib())' 2>/dev/null)
+# One TensorFlow import (a few seconds) for include dir, library dir, version.
+TF_INFO := $(shell $(PYTHON) -c 'import os; os.environ["TF_CPP_MIN_LOG_LEVEL"]="3"; import tensorflow as tf; print(tf.sysconfig.get_include(), tf.sysconfig.get_lib(), tf.__version__)' 2>/dev/null)
+TF_INC  := $(word 1,$(TF_INFO))
+TF_LIB  := $(word 2,$(TF_INFO))
+TF_VER  := $(word 3,$(TF_INFO))
 
 OPS_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -fvisibility=hidden -pthread \
               -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
               -Iinclude -isystem $(TF_INC)
 OPS_LDFLAGS := -shared -L$(TF_LIB) -Wl,--no-undefined
 
-$(OUT): tf/dynemb_ops.c include/dynemb.h build/libdynemb.a
+$(OUT): tf/dynemb_ops.c tf/ops.mk include/dynemb.h build/libdynemb.a
 	@if [ -z "$(TF_INC)" ]; then echo "tf/ops.mk: TensorFlow is not importable with $(PYTHON)" >&2; exit 1; fi
 	@mkdir -p $(@D)
 	$(CC) $(OPS_CFLAGS) tf/dynemb_ops.c -o $@ $(OPS_LDFLAGS) \
 	  -Wl,--whole-archive build/libdynemb.a -Wl,--no-whole-archive \
-	  -l:libtensorflow_framework.so.2 -lz -lm -pthread
+	  -lz -lm -l:libtensorflow_framework.so.2 -pthread
+	@echo "$(TF_VER)" > $@.tf-version
 
 .PHONY: ops
 ops: $(OUT)

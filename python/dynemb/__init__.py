@@ -11,6 +11,7 @@ from dynemb.core.asc.feature_spec import FeatureSpec
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
 from dynemb.core.feature_process import EvictHook
+from dynemb.core.warm_start import WarmStartError, patch_tensorflow as _patch_tensorflow, warm_start
 from dynemb.graph.modifier import GraphModifierHook, modify_graph_and_start_emb_cache
 from dynemb.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 from dynemb.util.initialize import (ConfigInitializer, clear_channel, get_initializer,
@@ -20,6 +21,10 @@ from dynemb.util.variable import get_dense_and_sparse_variable
 
 __version__ = "0.1.0"
 
+# tf.compat.v1.train.warm_start (which Estimator calls for warm_start_from)
+# learns dynemb tables and mxRec's multi-path settings (docs/warm-start.md).
+_patch_tensorflow()
+
 __all__ = [
     "DynembError", "EmbeddingTable", "EvictHook", "ConfigInitializer", "FeatureSpec",
     "GraphModifierHook", "get_asc_insert_func", "modify_graph_and_start_emb_cache",
@@ -27,5 +32,5 @@ __all__ = [
     "clear_tables", "create_table", "drop_table", "ftrl", "get_dense_and_sparse_variable",
     "get_initializer", "get_rank_id", "get_rank_size", "get_use_dynamic_expansion", "gradient_descent",
     "init", "lazy_adam", "set_if_load", "sparse_lookup", "terminate",
-    "terminate_config_initializer",
+    "terminate_config_initializer", "warm_start", "WarmStartError",
 ]

@@ -96,6 +96,10 @@ static void test_uniform(void) {
   CHECK_NEAR(m.var, 4.0 / 12.0, 0.02, 0);
   CHECK_NEAR(m.skew, 0, 0, 0.02);
   CHECK_NEAR(m.kurt, 1.8, 0.02, 0);
+  /* elements 0 and 1 share one hash word: they must be uncorrelated */
+  double c01 = 0;
+  for (int k = 0; k < KEYS; k++) c01 += (buf[k * DIM] - 0.5) * (buf[k * DIM + 1] - 0.5);
+  CHECK_NEAR(c01 / KEYS / (4.0 / 12.0), 0, 0, 0.03);
   /* tiny interval: rounding must never produce max */
   dynemb_initializer t = {DYNEMB_INIT_UNIFORM, 1.0f, nextafterf(1.0f, 2.0f), 3};
   float v[DIM];

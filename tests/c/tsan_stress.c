@@ -2,7 +2,8 @@
  * tsan_stress.c -- concurrency stress test, built with ThreadSanitizer.
  *
  * Several threads run train lookups, SGD applies, evictions, snapshots,
- * stats and registry find/release on one table at once. Keys come in two
+ * imports (of other keys), stats and registry find/release on one table at
+ * once. Keys come in two
  * classes: "stale" keys inserted at time 0 before the threads start (the
  * evictors remove them) and "live" keys that the workers look up at time
  * >= 1000 (never old enough to be evicted). Afterwards no live key is lost,
@@ -82,6 +83,53 @@ static void *evictor(void *arg) {
   return NULL;
 }
 
+/* Imports rows of keys no worker uses (values 5), in slices, and
+ * evaluates them back. */
+enum { IMPORTED = 3000 };
+static int64_t imported_key(uint32_t i) { return -(INT64_C(1) << 50) - i; }
+static uint64_t import_lookups, import_hits; /* importer thread only */
+
+static void *importer(void *arg) {
+  int *bad = arg;
+  static int64_t keys[IMPORTED];
+  static float vals[IMPORTED * DIM];
+  static uint32_t la[IMPORTED];
+  for (uint32_t i = 0; i < IMPORTED; i++) {
+    keys[i] = imported_key(i);
+    la[i] = 1050;
+    for (int j = 0; j < DIM; j++) vals[i * DIM + j] = 5.0f;
+  }
+  uint32_t part = 0;
+  float out[16 * DIM];
+  while (!__atomic_load_n(&stop_flag, __ATOMIC_RELAXED)) {
+    dynemb_snapshot s;
+    memset(&s, 0, sizeof s);
+    s.dim = DIM;
+    s.row_floats = DIM;
+    s.optimizer_kind = DYNEMB_OPT_SGD;
+    s.rows = IMPORTED;
+    s.keys = keys;
+    s.values = vals;
+    s.last_access = la;
+    if (dynemb_table_import(T, &s, DYNEMB_IMPORT_KEEP_STEPS, part % 4, 4)) (*bad)++;
+    part++;
+    if (dynemb_lookup(T, keys, 16, DYNEMB_LOOKUP_EVAL, 0, out)) (*bad)++;
+    import_lookups += 16;
+    for (int i = 0; i < 16; i++) import_hits += out[i * DIM] == 5.0f;
+  }
+  dynemb_snapshot s;
+  memset(&s, 0, sizeof s);
+  s.dim = DIM;
+  s.row_floats = DIM;
+  s.optimizer_kind = DYNEMB_OPT_SGD;
+  s.rows = IMPORTED;
+  s.keys = keys;
+  s.values = vals;
+  s.last_access = la;
+  if (dynemb_table_import(T, &s, DYNEMB_IMPORT_KEEP_STEPS, 0, 0)) (*bad)++;
+  return NULL;
+}
+
 static void *snapshotter(void *arg) {
   int *bad = arg;
   while (!__atomic_load_n(&stop_flag, __ATOMIC_RELAXED)) {
@@ -93,7 +141,9 @@ static void *snapshotter(void *arg) {
     for (size_t i = 1; i < s.rows; i++)
       if (s.keys[i - 1] >= s.keys[i]) (*bad)++;
     for (size_t i = 0; i < s.rows * DIM; i++)
-      if (s.values[i] > 0 || s.values[i] != (float)(int)s.values[i]) (*bad)++;
+      if ((s.values[i] > 0 && s.values[i] != 5.0f) ||
+          s.values[i] != (float)(int)s.values[i])
+        (*bad)++;
     dynemb_snapshot_free(&s);
     dynemb_table *f = NULL;
     if (dynemb_table_find("stress", &f) == DYNEMB_OK) dynemb_table_release(f);
@@ -119,9 +169,9 @@ static void test_stress(void) {
   for (uint32_t i = 0; i < STALE; i++) stale[i] = stale_key(i);
   CHECK_OK(dynemb_lookup(T, stale, STALE, DYNEMB_LOOKUP_TRAIN, 0, out));
 
-  pthread_t th[THREADS], ev, sn;
+  pthread_t th[THREADS], ev, sn, im;
   size_t evicted = 0;
-  int snap_bad = 0;
+  int snap_bad = 0, import_bad = 0;
   for (int i = 0; i < THREADS; i++) {
     workers[i].id = i;
     workers[i].seed = 0x9e3779b97f4a7c15ULL * (uint64_t)(i + 1);
@@ -129,10 +179,13 @@ static void test_stress(void) {
   }
   pthread_create(&ev, NULL, evictor, &evicted);
   pthread_create(&sn, NULL, snapshotter, &snap_bad);
+  pthread_create(&im, NULL, importer, &import_bad);
   for (int i = 0; i < THREADS; i++) pthread_join(th[i], NULL);
   __atomic_store_n(&stop_flag, 1, __ATOMIC_RELAXED);
   pthread_join(ev, NULL);
   pthread_join(sn, NULL);
+  pthread_join(im, NULL);
+  CHECK(import_bad == 0);
   size_t ev_last = 0;
   CHECK_OK(dynemb_evict(T, 1100, &ev_last));
   evicted += ev_last;
@@ -173,13 +226,26 @@ static void test_stress(void) {
     n++;
   }
   CHECK(wrong == 0);
+  /* every imported row is there, with its value */
+  int64_t ik[IMPORTED];
+  float *iv = malloc(sizeof(float) * IMPORTED * DIM);
+  for (uint32_t i = 0; i < IMPORTED; i++) ik[i] = imported_key(i);
+  CHECK_OK(dynemb_lookup(T, ik, IMPORTED, DYNEMB_LOOKUP_EVAL, 0, iv));
+  int iwrong = 0;
+  for (uint32_t i = 0; i < IMPORTED * DIM; i++) iwrong += iv[i] != 5.0f;
+  CHECK(iwrong == 0);
+  free(iv);
   dynemb_table_stats st;
   dynemb_table_get_stats(T, &st);
-  CHECK(st.size == distinct);
+  CHECK(st.size == distinct + IMPORTED);
   CHECK(st.inserted == distinct + STALE);
   CHECK(st.evicted == STALE);
-  CHECK(st.lookups == lookups + distinct); /* + the eval check above */
-  CHECK(st.hits + st.inserted + st.rejected == lookups + distinct);
+  /* every lookup is counted; train lookups were hits or inserts, eval
+   * lookups hits or misses */
+  uint64_t all = lookups + distinct + IMPORTED + import_lookups;
+  CHECK(st.lookups == all);
+  CHECK(st.rejected == 0);
+  CHECK(st.hits == all - st.inserted - (import_lookups - import_hits));
   CHECK(st.applied == applied && st.dropped_gradients == 0);
   CHECK(st.apply_steps == (uint64_t)THREADS * ROUNDS);
   CHECK(st.size <= st.capacity);

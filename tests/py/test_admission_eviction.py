@@ -1,6 +1,7 @@
 """Feature admission (rare ids read the default value and are not trained)
 and eviction by global step (EvictHook)."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import dynemb
@@ -65,3 +66,178 @@ def test_eviction_by_global_step_with_evict_hook():
     with tf.compat.v1.Session() as s:      # the evicted id reads its initial value again
         s.run(tf.compat.v1.global_variables_initializer())
         np.testing.assert_array_equal(s.run(e, {ids: [2]}), [[0.5, 0.5]])
+
+
+# --------------------------------------------------------------------------
+# EvictHook triggers and clocks (no sleeps: injectable clocks)
+# --------------------------------------------------------------------------
+
+class _Clock:
+    def __init__(self, t):
+        self.t = float(t)
+
+    def __call__(self):
+        return self.t
+
+
+def _gs_model(cfg, name="ev", init=None, dim=2):
+    """A table trained with SGD on loss = sum(emb); ids fed per step."""
+    opt = gradient_descent.create_hash_optimizer(learning_rate=0.1)
+    t = dynemb.create_table(tf.int64, dim, name,
+                            init or tf.compat.v1.constant_initializer(0.5), optimizer_list=[opt])
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    e = dynemb.sparse_lookup(t, ids, access_and_evict_config=cfg)
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    train = opt.apply_gradients(zip(tf.gradients(tf.reduce_sum(e), sparse), sparse),
+                                global_step=gs)
+    return t, ids, e, train
+
+
+def _keys(name):
+    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+        return sorted(s.run(dynemb._lib.ops.dynemb_export(table_name=name))[1].tolist())
+
+
+def test_eviction_by_time_interval_with_an_injected_clock():
+    t, ids, _, train = _gs_model({"eviction_threshold": 2})
+    clock = _Clock(1000)
+    hook = dynemb.EvictHook(evict_enable=True, evict_time_interval=60, evict_step_interval=None,
+                            clock=clock)
+    with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as s:
+        s.run(train, {ids: [1, 2]})            # step 0: both stamped 0
+        for _ in range(4):                     # id 2 is old, but no time has passed
+            clock.t += 10
+            s.run(train, {ids: [1]})
+        assert _keys("ev") == [1, 2] and hook.evicted_total == 0
+        clock.t += 30                          # 70 s since the session started
+        s.run(train, {ids: [1]})
+        assert _keys("ev") == [1] and hook.evicted_total == 1
+        clock.t += 59                          # not yet 60 s since the last eviction
+        s.run(train, {ids: [3]})
+        s.run(train, {ids: [1]})
+        s.run(train, {ids: [1]})
+        s.run(train, {ids: [1]})
+        assert _keys("ev") == [1, 3]
+    assert t.stats()["evicted"] == 1
+
+
+def test_disabled_hook_does_not_evict():
+    t, ids, _, train = _gs_model({"eviction_threshold": 1})
+    hook = dynemb.EvictHook(evict_enable=False, evict_step_interval=1)
+    with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as s:
+        s.run(train, {ids: [1, 2]})
+        for _ in range(4):
+            s.run(train, {ids: [1]})
+    assert t.size() == 2
+
+
+def test_wall_clock_table(monkeypatch):
+    # Lookups stamp embedding.wall_time(); EvictHook evicts with its clock.
+    from dynemb.core import embedding
+    wall = tf.compat.v1.placeholder(tf.int64, [], name="wall")
+    monkeypatch.setattr(embedding, "wall_time", lambda: wall)
+    t, ids, _, train = _gs_model({"eviction_threshold": 100, "eviction_clock": "wall"})
+    clock = _Clock(0)
+    hook = dynemb.EvictHook(evict_enable=True, evict_time_interval=1, clock=clock)
+    with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as s:
+        for now, batch, want in ((1000, [1, 2], [1, 2]), (1050, [1], [1, 2]),
+                                 (1100, [1], [1, 2]), (1101, [1], [1])):
+            clock.t = now
+            s.run(train, {ids: batch, wall: now})
+            assert _keys("ev") == want, now   # id 2 (stamp 1000) goes at 1101 > 1000 + 100
+
+
+def test_data_time_eviction_plain_lookups():
+    # A timestamp tensor in ASCEND_TIMESTAMP: thresholds count data seconds.
+    ts = tf.compat.v1.placeholder(tf.int64, [None])
+    tf.compat.v1.add_to_collection(dynemb.core.embedding.ASCEND_TIMESTAMP, ts)
+    t, ids, _, train = _gs_model({"eviction_threshold": 20})
+    hook = dynemb.EvictHook(evict_enable=True, evict_step_interval=1)
+    with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as s:
+        for stamp, batch, want in ((100, [1, 2], [1, 2]), (105, [1], [1, 2]),
+                                   (120, [1, 3], [1, 2, 3]), (121, [3], [1, 3]),
+                                   (141, [3], [3]), (142, [4], [3, 4])):
+            s.run(train, {ids: batch, ts: [stamp, stamp - 1]})
+            assert _keys("ev") == want, stamp
+
+
+def test_evicted_ids_come_back_with_their_initial_value():
+    # The engine's initializer is a pure function of (seed, key): an evicted id
+    # seen again gets the value it had the first time, not its trained value.
+    init = tf.compat.v1.random_uniform_initializer(-1, 1, seed=5)
+    t, ids, e, train = _gs_model({"eviction_threshold": 1}, init=init, dim=4)
+    hook = dynemb.EvictHook(evict_enable=True, evict_step_interval=1)
+    with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as s:
+        first, _ = s.run([e, train], {ids: [7, 8]})    # rows read before the update
+        trained, _ = s.run([e, train], {ids: [7, 8]})
+        s.run(train, {ids: [8]})
+        s.run(train, {ids: [8]})                        # 7 evicted
+        assert _keys("ev") == [8]
+        again, _ = s.run([e, train], {ids: [7, 8]})
+    np.testing.assert_allclose(trained, first - 0.1, rtol=1e-6)  # SGD, grad 1
+    np.testing.assert_array_equal(again[0], first[0])              # fresh initial value
+    np.testing.assert_allclose(again[1], first[1] - 0.4, rtol=1e-5)  # 8 kept training
+    assert len(np.unique(first[0])) == 4  # a random row, not a constant
+
+
+def _restore_run(ckpt_dir, steps, batches):
+    """Trains with MonitoredTrainingSession (restoring ckpt_dir if it holds a
+    checkpoint); returns the keys after each step."""
+    tf.compat.v1.reset_default_graph()
+    _, ids, _, train = _gs_model({"eviction_threshold": 4})
+    hook = dynemb.EvictHook(evict_enable=True, evict_step_interval=1)
+    keys = []
+    with tf.compat.v1.train.MonitoredTrainingSession(
+            checkpoint_dir=ckpt_dir, hooks=[hook], save_checkpoint_steps=1000,
+            save_checkpoint_secs=None, save_summaries_steps=None,
+            log_step_count_steps=None) as s:
+        for b in batches[:steps]:
+            s.run(train, {ids: b})
+            keys.append(_keys("ev"))
+    return keys
+
+
+def test_eviction_after_restore_uses_last_access_from_the_checkpoint(tmp_path):
+    # id 2 is last seen at step 1, so it goes at the evict after step 5
+    # (global step 6 > 1 + 4), whether or not the run was restored in between.
+    batches = [[1, 2], [2, 1]] + [[1]] * 6
+    straight = _restore_run(None, 8, batches)
+    assert straight[4] == [1, 2] and straight[5] == [1]
+    dynemb.clear_tables()
+    first = _restore_run(str(tmp_path), 3, batches)          # saves at step 3 on close
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("-3")
+    dynemb.clear_tables()                                   # a new process: no table
+    second = _restore_run(str(tmp_path), 5, batches[3:])    # restores step 3
+    assert first + second == straight
+
+
+@pytest.mark.skipif(not hasattr(dynemb._lib.ops, "dynemb_prepare"),
+                    reason="the op library has no DynembPrepare op")
+def test_data_time_eviction_feature_spec_mode():
+    from dynemb.core.asc.feature_spec import FeatureSpec
+    from dynemb.core.asc.helper import get_asc_insert_func
+    stamps = [100, 105, 120, 121, 141, 142]
+    batches = [[1, 2], [1, 1], [1, 3], [3, 3], [3, 3], [4, 4]]
+    ds = tf.data.Dataset.from_tensor_slices(
+        {"user": np.array(batches, np.int64), "ts": np.array(stamps, np.int64)}).batch(1)
+    specs = [FeatureSpec("user", table_name="ev", eviction_threshold=20),
+             FeatureSpec("ts", is_timestamp=True)]
+    b = tf.compat.v1.data.make_one_shot_iterator(
+        ds.map(get_asc_insert_func(tgt_key_specs=specs, is_training=True))).get_next()
+    opt = gradient_descent.create_hash_optimizer(learning_rate=0.1)
+    t = dynemb.create_table(tf.int64, 2, "ev", tf.compat.v1.constant_initializer(0.5),
+                            optimizer_list=[opt])
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    e = dynemb.sparse_lookup(t, specs[0], batch=b)
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    train = opt.apply_gradients(zip(tf.gradients(tf.reduce_sum(e), sparse), sparse),
+                                global_step=gs)
+    hooks = [dynemb.GraphModifierHook(modify_graph=False),
+             dynemb.EvictHook(evict_enable=True, evict_step_interval=1)]
+    with tf.compat.v1.train.SingularMonitoredSession(hooks=hooks) as s:
+        for _ in stamps:
+            s.run(train)
+    # As with plain lookups: 2 (last seen at 100) goes at 121, 1 (at 120) at 141.
+    assert _keys("ev") == [3, 4]
+    assert t.stats()["evicted"] == 2

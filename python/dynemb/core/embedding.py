@@ -409,6 +409,13 @@ def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[
     return out
 
 
+def wall_time() -> tf.Tensor:
+    """The wall clock (int64 seconds) stamped by lookups of 'wall' tables; a
+    module-level function so that tests can replace it (EvictHook's `clock` is
+    the matching Python side)."""
+    return tf.cast(tf.timestamp(), tf.int64)
+
+
 def _now_tensor(evict_cfg: Optional[dict]) -> tf.Tensor:
     """The clock stamped on accessed rows: data time (ASCEND_TIMESTAMP),
     wall seconds, or the global step (0 without one, when not evicting)."""
@@ -416,7 +423,7 @@ def _now_tensor(evict_cfg: Optional[dict]) -> tf.Tensor:
     if ts:
         return tf.reduce_max(tf.cast(ts[-1], tf.int64))
     if evict_cfg and evict_cfg["eviction_clock"] == "wall":
-        return tf.cast(tf.timestamp(), tf.int64)
+        return wall_time()
     gs = tf.compat.v1.train.get_global_step()
     if gs is None and evict_cfg and evict_cfg["eviction_threshold"]:
         gs = tf.compat.v1.train.get_or_create_global_step()
