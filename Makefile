@@ -124,3 +124,20 @@ clean:
 	rm -rf build
 
 .PHONY: all c-tests venv compat-venv ops install-py test demo bench clean
+
+# --- TensorFlow training benchmark (bench/tf_train.py) -------------------------
+# TFRA needs its own TensorFlow, so it gets its own virtualenv; where pip cannot
+# install it, the benchmark reports tfra as null with the reason.
+TFRA_VENV := .venv-tfra
+TFRA_PIN  := tensorflow==2.16.2 tf-keras==2.16.0 tensorflow-recommenders-addons==0.8.1
+
+$(TFRA_VENV)/.stamp:
+	@($(PYTHON) -m venv $(TFRA_VENV) && $(TFRA_VENV)/bin/pip install -q --upgrade pip && \
+	  $(TFRA_VENV)/bin/pip install -q $(TFRA_PIN) numpy && touch $@) || \
+	  echo "bench-tf: could not install $(TFRA_PIN) into $(TFRA_VENV)" >&2
+
+bench-tf: all install-py
+	@$(MAKE) --no-print-directory $(TFRA_VENV)/.stamp
+	$(VPY) bench/tf_train.py --json
+
+.PHONY: bench-tf

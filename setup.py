@@ -5,6 +5,8 @@ library with make (C11, gcc) and ships build/tf/_dynemb_ops.so inside the
 The op library is compiled against the TensorFlow importable by the
 interpreter running the build, so install with --no-build-isolation into an
 environment that already has the pinned tensorflow-cpu (the Makefile does).
+The library built against 2.15.1 also loads unchanged in TensorFlow 2.19-2.21
+(it uses only the C kernel/op API; docs/tensorflow-versions.md).
 Editable installs (`pip install -e .`) load the library from build/tf/ of
 the source tree instead (see python/dynemb/_lib.py).
 """

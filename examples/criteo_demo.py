@@ -2,11 +2,12 @@
 
     make demo                       # or: .venv/bin/python examples/criteo_demo.py [--help]
 
-One dynamic table per categorical field (C1..C26) feeds the deep part; the raw
-32-bit hash values are the ids (no vocabulary, no modulo): tables start empty and
-grow as ids arrive. A "wide" table holds one weight per (field, id). Ids must be
-seen `--access-threshold` times before they get a trainable row (feature
-admission); until then they read zeros.
+The model (examples/criteo_model.py, shared with criteo_estimator.py): one dynamic
+table per categorical field (C1..C26) feeds the deep part; the raw 32-bit hash
+values are the ids (no vocabulary, no modulo): tables start empty and grow as ids
+arrive. A "wide" table holds one weight per (field, id). Ids must be seen
+`--access-threshold` times before they get a trainable row (feature admission);
+until then they read zeros.
 
 The script is written like an mxRec sess.run script: lookups with
 ``modify_graph=True``, then ``modify_graph_and_start_emb_cache()`` rebuilds the
@@ -32,10 +33,11 @@ import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import criteo_data  # noqa: E402
+import criteo_model  # noqa: E402
+from criteo_model import auc, build_model  # noqa: E402,F401  (auc: used by the tests)
 
 import dynemb  # noqa: E402
 from dynemb.graph.modifier import get_initializer, modify_graph_and_start_emb_cache  # noqa: E402
-from dynemb.optimizers import adagrad  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,55 +51,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="occurrences before an id gets a trainable row (0/1: at once)")
     p.add_argument("--seed", type=int, default=1)
     return p.parse_args(argv)
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve (Mann-Whitney U, ties get average ranks)."""
-    labels = np.asarray(labels, bool)
-    order = np.argsort(scores, kind="mergesort")
-    s = scores[order]
-    ranks = np.empty(len(s))
-    i = 0
-    while i < len(s):  # average ranks over runs of equal scores
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1
-        i = j + 1
-    pos = labels.sum()
-    neg = len(labels) - pos
-    if pos == 0 or neg == 0:
-        return float("nan")
-    return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
-
-
-def build_model(features, label, tables, wide, is_train: bool, access_cfg, seed: int):
-    """Wide & Deep logits and loss for one batch (dense variables are shared)."""
-    deep = []
-    for name in criteo_data.CAT_NAMES:
-        emb = dynemb.sparse_lookup(tables[name], features[name], is_train=is_train,
-                                   modify_graph=True, access_and_evict_config=access_cfg,
-                                   name=f"{name}_lookup")
-        deep.append(emb)
-    # The wide table is shared by all fields: a field-aware id keeps the fields
-    # apart (the raw ids are < 2^33, the field index goes above).
-    field_ids = tf.stack([features[name] + (i << 33)
-                          for i, name in enumerate(criteo_data.CAT_NAMES)], axis=1)
-    wide_w = dynemb.sparse_lookup(wide, field_ids, is_train=is_train, modify_graph=True,
-                                  access_and_evict_config=access_cfg, name="wide_lookup")
-    with tf.compat.v1.variable_scope("dense", reuse=tf.compat.v1.AUTO_REUSE):
-        x = tf.concat(deep + [features["dense"]], axis=1)
-        def init(i):  # explicit seeds: Keras' default initializers ignore the graph seed
-            return tf.compat.v1.glorot_uniform_initializer(seed=seed + i)
-        for i, units in enumerate((128, 64)):
-            x = tf.compat.v1.layers.dense(x, units, activation=tf.nn.relu, name=f"mlp{i}",
-                                          kernel_initializer=init(i))
-        deep_logit = tf.compat.v1.layers.dense(x, 1, name="out", kernel_initializer=init(2))[:, 0]
-        dense_w = tf.compat.v1.layers.dense(features["dense"], 1, name="wide_dense",
-                                            kernel_initializer=init(3))[:, 0]
-    logits = deep_logit + dense_w + tf.reduce_sum(wide_w, axis=[1, 2])
-    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
-    return tf.sigmoid(logits), loss
 
 
 def progress(epoch: int, epochs: int, step: int, steps: int, loss: float, rate: float) -> None:
@@ -131,23 +84,13 @@ def main(argv=None) -> int:
     train_x, train_y = train_it.get_next()
     eval_x, eval_y = eval_it.get_next()
 
-    sparse_opt = adagrad.create_hash_optimizer(learning_rate=0.05,
-                                               initial_accumulator_value=0.1)
-    tables = {name: dynemb.create_table(
-        tf.int64, args.dim, name,
-        tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=args.seed * 100 + i),
-        optimizer_list=[sparse_opt]) for i, name in enumerate(criteo_data.CAT_NAMES)}
-    wide = dynemb.create_table(tf.int64, 1, "wide", tf.compat.v1.zeros_initializer(),
-                               optimizer_list=[sparse_opt])
+    sparse_opt = criteo_model.sparse_optimizer()
+    tables, wide = criteo_model.create_tables(args.dim, args.seed, sparse_opt)
     access_cfg = {"access_threshold": args.access_threshold, "eviction_threshold": 0}
 
     _, loss = build_model(train_x, train_y, tables, wide, True, access_cfg, args.seed)
     eval_pred, _ = build_model(eval_x, eval_y, tables, wide, False, access_cfg, args.seed)
-    dense_vars, sparse_vars = dynemb.get_dense_and_sparse_variable()
-    sparse_grads = tf.gradients(loss, sparse_vars)
-    train_op = tf.group(
-        tf.compat.v1.train.AdamOptimizer(1e-3).minimize(loss, var_list=dense_vars),
-        sparse_opt.apply_gradients(zip(sparse_grads, sparse_vars)))
+    train_op = criteo_model.train_op(loss, sparse_opt)
 
     modify_graph_and_start_emb_cache()
 
@@ -180,10 +123,8 @@ def main(argv=None) -> int:
                     break
             p = np.concatenate([a for a, _ in preds])
             y = np.concatenate([b for _, b in preds])
-            eps = 1e-7
-            logloss = -np.mean(y * np.log(p + eps) + (1 - y) * np.log(1 - p + eps))
             print(f"epoch {epoch}: train loss {np.mean(losses):.4f}  held-out AUC "
-                  f"{auc(y, p):.4f}  logloss {logloss:.4f}")
+                  f"{auc(y, p):.4f}  logloss {criteo_model.logloss(y, p):.4f}")
         elapsed = time.time() - t_all
     sizes = {name: t.size() for name, t in tables.items()}
     biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]

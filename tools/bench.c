@@ -724,6 +724,7 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"lookup_keys_per_s\": %.0f,\n", r->lookup.per_s);
   printf("  \"lookup_eval_keys_per_s\": %.0f,\n", r->lookup_eval.per_s);
   printf("  \"insert_keys_per_s\": %.0f,\n", r->insert.per_s);
+  printf("  \"apply_keys_per_s\": %.0f,\n", r->apply.per_s);
   printf("  \"apply_%s_keys_per_s\": %.0f,\n", opt_label(o->opt_kind),
          r->apply.per_s);
   printf("  \"apply_unique_keys_per_batch\": %.1f,\n",

@@ -261,5 +261,5 @@ def test_modify_graph_without_the_hook_is_a_clear_error(tmp_path, call):
         else:
             next(iter(est.predict(_drift_input_fn)))
     msg = e.value.message
-    assert "table 'cmp_t'" in msg and "GraphModifierHook()" in msg, msg
+    assert "table cmp_t is waiting" in msg and "add GraphModifierHook()" in msg, msg
     assert embedding is not None

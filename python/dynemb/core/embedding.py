@@ -522,8 +522,10 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         # GraphModifierHook rewrites the lookup, instead of silently
         # training in plain mode.
         from dynemb.graph.rewrite import guard_lookup
-        guard_lookup(lookup_op, tname, "call modify_graph_and_start_emb_cache() before "
-                     "creating the session, or add GraphModifierHook() to the Estimator")
+        guard_lookup(lookup_op, tname, "with an Estimator, add GraphModifierHook() to the "
+                     "hooks of estimator.train/evaluate/predict (or of the TrainSpec and "
+                     "EvalSpec of train_and_evaluate); in a sess.run script, call "
+                     "modify_graph_and_start_emb_cache() before creating the session")
     st.lookups.append({"table": hashtable, "ids": ids, "output": out,
                        "op": lookup_op, "is_train": bool(is_train),
                        "modify_graph": bool(modify_graph), "send_count": send_count})

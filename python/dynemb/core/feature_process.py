@@ -89,6 +89,8 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session, coord) -> None:
         self._last_time = self._clock()
         self._last_step: Optional[int] = None
+        if self._evict is not None and self._global_step is not None:
+            self._last_step = int(session.run(self._global_step))
 
     def before_run(self, run_context):
         if self._evict is None:
@@ -102,13 +104,15 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
             return
         res = run_values.results or {}
         due = False
-        if self.evict_step_interval and res.get("step") is not None:
-            step = int(res["step"]) + 1  # the step just finished
-            if self._last_step is None:
-                self._last_step = step - 1
-            if step - self._last_step >= self.evict_step_interval:
-                self._last_step = step
-                due = True
+        if self.evict_step_interval and res.get("step") is not None \
+                and self._last_step is not None:
+            # The fetched value was read before or after the step's increment
+            # (no order between them): read the exact one when it may be due.
+            if int(res["step"]) + 1 - self._last_step >= self.evict_step_interval:
+                step = int(run_context.session.run(self._global_step))
+                if step - self._last_step >= self.evict_step_interval:
+                    self._last_step = step
+                    due = True
         now = self._clock()
         if self.evict_time_interval and now - self._last_time >= self.evict_time_interval:
             due = True

@@ -184,10 +184,13 @@ def guard_lookup(lookup_op: tf.Operation, table_name: str, how: str) -> None:
     on a failing Assert). `how` tells the user what to call."""
     with lookup_op.graph.as_default(), lookup_op.graph.name_scope(None), \
             tf.name_scope(GUARD_MARK):
+        # No quotes in the message: TensorFlow's Assert prints them escaped.
         check = tf.debugging.Assert(
             tf.constant(False),
-            [f"dynemb: lookup '{lookup_op.name}' of table '{table_name}' is waiting for "
-             f"its input pipeline: {how}"])
+            [f"dynemb: lookup {lookup_op.name} of table {table_name} is waiting for "
+             f"its input pipeline (sparse_lookup with modify_graph=True): {how}"])
+    if hasattr(check, "mark_used"):
+        check.mark_used()  # no "Object was never used" log when the guard is dropped
     lookup_op._add_control_input(check)  # pylint: disable=protected-access
 
 
