@@ -292,10 +292,17 @@ def worker(cfg: Dict) -> Dict:
         losses = []
         for _ in range(cfg["warmup"]):
             losses.append(sess.run([g["loss"], g["train_op"]])[0])
+        step_ms = []
         t1, c1 = time.perf_counter(), time.process_time()
         for _ in range(cfg["steps"]):
+            t = time.perf_counter()
             sess.run(g["train_op"])
+            step_ms.append(1000.0 * (time.perf_counter() - t))
         elapsed = time.perf_counter() - t1
+        step_ms.sort()
+        out["step_ms_p50_p90_max"] = [round(step_ms[len(step_ms) // 2], 2),
+                                      round(step_ms[int(len(step_ms) * 0.9)], 2),
+                                      round(step_ms[-1], 2)]
         cpu = time.process_time() - c1  # every thread of this process
         out["elapsed_s"] = elapsed
         out["cpu_ms_per_step"] = 1000.0 * cpu / cfg["steps"]
@@ -312,10 +319,12 @@ def worker(cfg: Dict) -> Dict:
                 t2 = time.perf_counter()
                 sess.run(g["train_op"], options=opts, run_metadata=md)
                 tables.append((time.perf_counter() - t2, md))
-            # The median step by wall time: less noise than one step.
+            # The median step by wall time (less noise than one step), and the slowest.
             tables.sort(key=lambda x: x[0])
             wall, md = tables[len(tables) // 2]
-            out["profile"] = {"traced_step_ms": 1000 * wall, "ops": step_stats_table(md)}
+            out["profile"] = {"traced_step_ms": 1000 * wall, "ops": step_stats_table(md),
+                              "slowest_traced_step_ms": 1000 * tables[-1][0],
+                              "slowest_ops": step_stats_table(tables[-1][1], 15)}
             from tensorflow.python.client import timeline
             with open(os.path.join(cfg["profile"], f"timeline_{variant}.json"), "w") as f:
                 f.write(timeline.Timeline(md.step_stats).generate_chrome_trace_format())
@@ -453,7 +462,8 @@ def measure(args, base: Dict, variants: List[str], tfra_note: Optional[str]):
                 return None, tfra_note
             runs[v].append(r)
             log(f"rep {rep + 1}/{args.repeats} {v:9s} {r['samples_per_s']:10,.0f} samples/s "
-                f"({r['ms_per_step']:.1f} ms/step, {r['cpu_ms_per_step']:.1f} CPU ms/step, loss {r['loss_first']:.4f} -> "
+                f"({r['ms_per_step']:.1f} ms/step, {r['cpu_ms_per_step']:.1f} CPU ms/step, "
+                f"p50/p90/max {r['step_ms_p50_p90_max']} ms, loss {r['loss_first']:.4f} -> "
                 f"{r['loss_last']:.4f}, TF {r['tf_version']})")
     return runs, tfra_note
 
@@ -469,9 +479,12 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
             if prof:
                 with open(os.path.join(args.profile, f"ops_{v}.json"), "w") as f:
                     json.dump(prof, f, indent=1)
-                log(f"{v}: traced step {prof['traced_step_ms']:.1f} ms, input pipeline alone "
-                    f"{prof['pipeline_only_ms_per_batch']:.1f} ms/batch; top ops (us):")
+                log(f"{v}: median traced step {prof['traced_step_ms']:.1f} ms, input pipeline "
+                    f"alone {prof['pipeline_only_ms_per_batch']:.1f} ms/batch; top ops (us):")
                 for row in prof["ops"][:15]:
+                    log(f"    {row['op']:45s} {row['total_us']:9.0f}  x{row['count']}")
+                log(f"{v}: slowest traced step {prof['slowest_traced_step_ms']:.1f} ms; top ops:")
+                for row in prof["slowest_ops"][:8]:
                     log(f"    {row['op']:45s} {row['total_us']:9.0f}  x{row['count']}")
 
     if runs.get("tfra") and not tfra_note:
@@ -512,7 +525,7 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
             **info,
         },
         "runs": {v: [{k: r[k] for k in ("samples_per_s", "ms_per_step", "samples_per_cpu_s",
-                                       "cpu_ms_per_step", "loss_first",
+                                       "cpu_ms_per_step", "step_ms_p50_p90_max", "loss_first",
                                        "loss_last", "build_s", "tf_version")} for r in rs]
                  for v, rs in runs.items()},
     }

@@ -113,10 +113,12 @@ def parse_lines(lines: tf.Tensor) -> Tuple[Dict[str, tf.Tensor], tf.Tensor]:
 
 def make_dataset(split: str, batch_size: int, path: Optional[str] = None,
                  eval_fraction: float = 0.2, shuffle_seed: Optional[int] = None,
-                 epochs: int = 1) -> tf.data.Dataset:
+                 epochs: int = 1, part: Optional[Tuple[int, int]] = None) -> tf.data.Dataset:
     """The train or eval split, batched and parsed (the last batch may be short).
 
-    `shuffle_seed` shuffles the training rows (None: file order); `epochs` repeats.
+    `shuffle_seed` shuffles the rows (None: file order); `epochs` repeats;
+    `part=(k, n)` keeps only the k-th of n consecutive, equal parts of the split
+    (e.g. "yesterday" and "today" for a warm-started run).
     """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
@@ -124,9 +126,16 @@ def make_dataset(split: str, batch_size: int, path: Optional[str] = None,
     n_train, n_eval = split_sizes(path, eval_fraction)
     ds = tf.data.TextLineDataset(path)
     ds = ds.take(n_train) if split == "train" else ds.skip(n_train)
+    rows = n_train if split == "train" else n_eval
+    if part is not None:
+        k, n = part
+        if not 0 <= k < n:
+            raise ValueError(f"part must be (k, n) with 0 <= k < n, got {part!r}")
+        first, last = rows * k // n, rows * (k + 1) // n
+        ds = ds.skip(first).take(last - first)
+        rows = last - first
     if shuffle_seed is not None:
-        ds = ds.shuffle(n_train if split == "train" else n_eval, seed=shuffle_seed,
-                        reshuffle_each_iteration=True)
+        ds = ds.shuffle(rows, seed=shuffle_seed, reshuffle_each_iteration=True)
     if epochs != 1:
         ds = ds.repeat(epochs)
     return ds.batch(batch_size).map(parse_lines, num_parallel_calls=2).prefetch(2)

@@ -52,38 +52,43 @@ typedef struct bench_opts {
   uint64_t rows;
   int dim;
   size_t batch;
-  int zipf;          /* 0 uniform, 1 zipf */
-  double zipf_s;     /* exponent */
-  char dist[64];     /* as given */
+  int zipf;      /* 0 uniform, 1 zipf */
+  double zipf_s; /* exponent */
+  char dist[64]; /* as given */
   int threads;
   int json;
-  int opt_kind;      /* enum dynemb_optimizer_kind */
+  int opt_kind; /* enum dynemb_optimizer_kind */
   uint64_t seed;
-  double min_time;   /* seconds per timed phase */
+  double min_time; /* seconds per timed phase */
   size_t stall_batch;
-  int hugepages;     /* advise huge pages for the flat gather array */
+  int hugepages;  /* advise huge pages for the flat gather array */
+  int skip_stall; /* no stall pass (quicker profiling runs) */
 } bench_opts;
 
 static void bench_usage(FILE *f) {
-  fprintf(f,
-    "usage: dynemb bench --rows R --dim D --batch B --dist uniform|zipf:S\n"
-    "                    --threads T [--json] [--optimizer sgd|adagrad|adam|ftrl]\n"
-    "                    [--seed N] [--min-time SECONDS] [--stall-batch N]\n"
-    "                    [--no-hugepages]\n"
-    "\n"
-    "  --rows R          rows in the table (1 .. 4294967295)\n"
-    "  --dim D           embedding width (1 .. 65536)\n"
-    "  --batch B         keys per lookup/apply/insert call\n"
-    "  --dist            key distribution: uniform, or zipf:S with S > 0\n"
-    "                    (e.g. zipf:1.05)\n"
-    "  --threads T       threads running batches on the same table (1 .. 256)\n"
-    "  --json            print one JSON object instead of a table\n"
-    "  --optimizer       optimizer for the apply phase (default adam)\n"
-    "  --seed N          seed for keys and distributions (default 1)\n"
-    "  --min-time S      seconds each timed phase runs (default 1.0)\n"
-    "  --stall-batch N   keys per call while measuring max_stall_ms "
-    "(default 1024)\n"
-    "  --no-hugepages    do not advise huge pages for the gather array\n");
+  fprintf(
+      f,
+      "usage: dynemb bench --rows R --dim D --batch B --dist uniform|zipf:S\n"
+      "                    --threads T [--json] [--optimizer "
+      "sgd|adagrad|adam|ftrl]\n"
+      "                    [--seed N] [--min-time SECONDS] [--stall-batch N]\n"
+      "                    [--no-hugepages] [--skip-stall]\n"
+      "\n"
+      "  --rows R          rows in the table (1 .. 4294967295)\n"
+      "  --dim D           embedding width (1 .. 65536)\n"
+      "  --batch B         keys per lookup/apply/insert call\n"
+      "  --dist            key distribution: uniform, or zipf:S with S > 0\n"
+      "                    (e.g. zipf:1.05)\n"
+      "  --threads T       threads running batches on the same table (1 .. "
+      "256)\n"
+      "  --json            print one JSON object instead of a table\n"
+      "  --optimizer       optimizer for the apply phase (default adam)\n"
+      "  --seed N          seed for keys and distributions (default 1)\n"
+      "  --min-time S      seconds each timed phase runs (default 1.0)\n"
+      "  --stall-batch N   keys per call while measuring max_stall_ms "
+      "(default 1024)\n"
+      "  --no-hugepages    do not advise huge pages for the gather array\n"
+      "  --skip-stall      skip the stall pass (max_stall_ms is then null)\n");
 }
 
 static int bench_bad(const char *fmt, const char *arg) {
@@ -96,21 +101,25 @@ static int bench_bad(const char *fmt, const char *arg) {
 
 /* Parses a whole decimal unsigned integer into [lo, hi]. */
 static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
-  if (!s || !*s || *s == '-' || *s == '+') return -1;
+  if (!s || !*s || *s == '-' || *s == '+')
+    return -1;
   char *end = NULL;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (errno || *end || v < lo || v > hi) return -1;
+  if (errno || *end || v < lo || v > hi)
+    return -1;
   *out = (uint64_t)v;
   return 0;
 }
 
 static int parse_double(const char *s, double *out) {
-  if (!s || !*s) return -1;
+  if (!s || !*s)
+    return -1;
   char *end = NULL;
   errno = 0;
   double v = strtod(s, &end);
-  if (errno || *end || !isfinite(v)) return -1;
+  if (errno || *end || !isfinite(v))
+    return -1;
   *out = v;
   return 0;
 }
@@ -137,14 +146,20 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
     } else if (!strcmp(a, "--no-hugepages")) {
       o->hugepages = 0;
       continue;
+    } else if (!strcmp(a, "--skip-stall")) {
+      o->skip_stall = 1;
+      continue;
     }
-    if (strncmp(a, "--", 2)) return bench_bad("unexpected argument '%s'", a);
-    if (!v) return bench_bad("option %s needs a value", a);
+    if (strncmp(a, "--", 2))
+      return bench_bad("unexpected argument '%s'", a);
+    if (!v)
+      return bench_bad("option %s needs a value", a);
     i++;
     if (!strcmp(a, "--rows")) {
       if (parse_u64(v, 1, UINT32_MAX, &u))
         return bench_bad("--rows must be an integer in 1 .. 4294967295, "
-                         "not '%s'", v);
+                         "not '%s'",
+                         v);
       o->rows = u;
       have_rows = 1;
     } else if (!strcmp(a, "--dim")) {
@@ -155,7 +170,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
     } else if (!strcmp(a, "--batch")) {
       if (parse_u64(v, 1, (uint64_t)1 << 28, &u))
         return bench_bad("--batch must be an integer in 1 .. 268435456, "
-                         "not '%s'", v);
+                         "not '%s'",
+                         v);
       o->batch = (size_t)u;
       have_batch = 1;
     } else if (!strcmp(a, "--stall-batch")) {
@@ -186,40 +202,56 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
         if (parse_double(v + 5, &o->zipf_s) || !(o->zipf_s > 0) ||
             o->zipf_s > 100)
           return bench_bad("--dist zipf:S needs an exponent S in (0, 100], "
-                           "as in zipf:1.05; got '%s'", v);
+                           "as in zipf:1.05; got '%s'",
+                           v);
         o->zipf = 1;
       } else {
         return bench_bad("--dist must be 'uniform' or 'zipf:S' (e.g. "
-                         "zipf:1.05), not '%s'", v);
+                         "zipf:1.05), not '%s'",
+                         v);
       }
       strcpy(o->dist, v);
       have_dist = 1;
     } else if (!strcmp(a, "--optimizer")) {
-      if (!strcmp(v, "sgd")) o->opt_kind = DYNEMB_OPT_SGD;
-      else if (!strcmp(v, "adagrad")) o->opt_kind = DYNEMB_OPT_ADAGRAD;
-      else if (!strcmp(v, "adam")) o->opt_kind = DYNEMB_OPT_ADAM;
-      else if (!strcmp(v, "ftrl")) o->opt_kind = DYNEMB_OPT_FTRL;
+      if (!strcmp(v, "sgd"))
+        o->opt_kind = DYNEMB_OPT_SGD;
+      else if (!strcmp(v, "adagrad"))
+        o->opt_kind = DYNEMB_OPT_ADAGRAD;
+      else if (!strcmp(v, "adam"))
+        o->opt_kind = DYNEMB_OPT_ADAM;
+      else if (!strcmp(v, "ftrl"))
+        o->opt_kind = DYNEMB_OPT_FTRL;
       else
         return bench_bad("--optimizer must be sgd, adagrad, adam or ftrl, "
-                         "not '%s'", v);
+                         "not '%s'",
+                         v);
     } else {
       return bench_bad("unknown option '%s'", a);
     }
   }
-  if (!have_rows) return bench_bad("%s", "--rows is required");
-  if (!have_dim) return bench_bad("%s", "--dim is required");
-  if (!have_batch) return bench_bad("%s", "--batch is required");
-  if (!have_dist) return bench_bad("%s", "--dist is required");
-  if (!have_threads) return bench_bad("%s", "--threads is required");
+  if (!have_rows)
+    return bench_bad("%s", "--rows is required");
+  if (!have_dim)
+    return bench_bad("%s", "--dim is required");
+  if (!have_batch)
+    return bench_bad("%s", "--batch is required");
+  if (!have_dist)
+    return bench_bad("%s", "--dist is required");
+  if (!have_threads)
+    return bench_bad("%s", "--threads is required");
   return 0;
 }
 
 static const char *opt_label(int kind) {
   switch (kind) {
-  case DYNEMB_OPT_SGD: return "sgd";
-  case DYNEMB_OPT_ADAGRAD: return "adagrad";
-  case DYNEMB_OPT_ADAM: return "adam";
-  default: return "ftrl";
+  case DYNEMB_OPT_SGD:
+    return "sgd";
+  case DYNEMB_OPT_ADAGRAD:
+    return "adagrad";
+  case DYNEMB_OPT_ADAM:
+    return "adam";
+  default:
+    return "ftrl";
   }
 }
 
@@ -289,7 +321,8 @@ static double zipf_H(const zipf *z, double x) {
 
 static double zipf_H_inv(const zipf *z, double y) {
   double t = y * (1.0 - z->s);
-  if (t < -1.0) t = -1.0; /* guards rounding at the edge of the domain */
+  if (t < -1.0)
+    t = -1.0; /* guards rounding at the edge of the domain */
   return exp(zipf_log1p_over(t) * y);
 }
 
@@ -307,8 +340,10 @@ static uint64_t zipf_draw(const zipf *z, rng *r) {
     double u = z->h_n + rng_unit(r) * (z->h_x1 - z->h_n);
     double x = zipf_H_inv(z, u);
     double k = floor(x + 0.5);
-    if (k < 1.0) k = 1.0;
-    if (k > z->n) k = z->n;
+    if (k < 1.0)
+      k = 1.0;
+    if (k > z->n)
+      k = z->n;
     if (k - x <= z->cut || u >= zipf_H(z, k + 0.5) - zipf_h(z, k))
       return (uint64_t)k - 1;
   }
@@ -333,8 +368,10 @@ static double now_s(void) {
 static void *xmalloc(size_t n, const char *what) {
   void *p = malloc(n ? n : 1);
   if (!p) {
-    fprintf(stderr, "dynemb bench: out of memory allocating %zu bytes for %s; "
-            "use fewer --rows or a smaller --batch\n", n, what);
+    fprintf(stderr,
+            "dynemb bench: out of memory allocating %zu bytes for %s; "
+            "use fewer --rows or a smaller --batch\n",
+            n, what);
     exit(1);
   }
   return p;
@@ -365,13 +402,13 @@ static void progress(const char *fmt, ...) {
 
 typedef struct bench {
   bench_opts o;
-  uint64_t *perm;       /* rank -> row position */
-  int64_t *all_keys;    /* position -> key (insert order = position order) */
-  float *flat;          /* rows * dim, the gather baseline */
+  uint64_t *perm;    /* rank -> row position */
+  int64_t *all_keys; /* position -> key (insert order = position order) */
+  float *flat;       /* rows * dim, the gather baseline */
   size_t flat_bytes;
   int flat_mmapped;
-  dynemb_table *table;  /* the table being measured */
-  size_t pool_batches;  /* batches per thread in the key pools */
+  dynemb_table *table; /* the table being measured */
+  size_t pool_batches; /* batches per thread in the key pools */
   pthread_barrier_t barrier;
   _Atomic uint64_t next_pos; /* insert phases: next position to insert */
   _Atomic uint64_t inserted_done;
@@ -392,19 +429,21 @@ typedef struct worker {
   int id;
   phase_kind phase;
   dynemb_table *table;
-  size_t call_keys;     /* insert phases */
+  size_t call_keys; /* insert phases */
   /* pools: pool_batches * batch keys and positions, same ranks */
   int64_t *keys;
   uint32_t *pos;
-  float *out;           /* batch * dim */
-  float *grads;         /* batch * dim */
+  float *out;   /* batch * dim */
+  float *grads; /* batch * dim */
   /* results */
   uint64_t items;
   uint64_t calls;
-  uint64_t unique_sum;  /* apply: sum of stats.unique_keys */
+  uint64_t unique_sum; /* apply: sum of stats.unique_keys */
   double secs;
-  double cpu_secs;      /* thread CPU time over the timed part */
+  double cpu_secs; /* thread CPU time over the timed part */
   double max_call_s;
+  double max_call_cpu_s; /* insert phases: CPU time of the longest call */
+  double max_cpu_call_s; /* insert phases: longest call by CPU time */
   int rc;
   pthread_t th;
 } worker;
@@ -476,17 +515,23 @@ static void run_insert(worker *w) {
   double t0 = now_s(), c_0 = thread_cpu_s();
   for (;;) {
     uint64_t p = atomic_fetch_add(&b->next_pos, n);
-    if (p >= R) break;
+    if (p >= R)
+      break;
     size_t m = (size_t)(R - p < n ? R - p : n);
-    double c0 = now_s();
-    int rc = dynemb_lookup(w->table, b->all_keys + p, m, DYNEMB_LOOKUP_TRAIN,
-                           0, w->out);
-    double dt = now_s() - c0;
+    double c0 = now_s(), u0 = thread_cpu_s();
+    int rc = dynemb_lookup(w->table, b->all_keys + p, m, DYNEMB_LOOKUP_TRAIN, 0,
+                           w->out);
+    double dt = now_s() - c0, du = thread_cpu_s() - u0;
     if (rc != DYNEMB_OK) {
       w->rc = rc;
       break;
     }
-    if (dt > w->max_call_s) w->max_call_s = dt;
+    if (dt > w->max_call_s) {
+      w->max_call_s = dt;
+      w->max_call_cpu_s = du;
+    }
+    if (du > w->max_cpu_call_s)
+      w->max_cpu_call_s = du;
     w->items += m;
     w->calls++;
     uint64_t done = atomic_fetch_add(&b->inserted_done, m) + m;
@@ -518,7 +563,8 @@ static void *worker_main(void *arg) {
     }
   }
   pthread_barrier_wait(&b->barrier);
-  if (w->rc != DYNEMB_OK) return NULL;
+  if (w->rc != DYNEMB_OK)
+    return NULL;
   unique = 0;
   double t0 = now_s(), t = t0, c_0 = thread_cpu_s();
   size_t bi = warm % nb;
@@ -530,7 +576,8 @@ static void *worker_main(void *arg) {
       break;
     }
     t = now_s();
-    if (t - c0 > w->max_call_s) w->max_call_s = t - c0;
+    if (t - c0 > w->max_call_s)
+      w->max_call_s = t - c0;
     w->items += b->o.batch;
     w->calls++;
     bi = (bi + 1) % nb;
@@ -542,11 +589,14 @@ static void *worker_main(void *arg) {
 }
 
 typedef struct phase_result {
-  double per_s;       /* items per second over all threads */
-  double max_call_ms; /* longest single call */
-  double secs;        /* longest thread time */
-  double cpu_share;   /* thread CPU time / (threads x wall time): below
-                         ~0.9 the phase shared the cores with other work */
+  double per_s;           /* items per second over all threads */
+  double max_call_ms;     /* longest single call */
+  double max_call_cpu_ms; /* insert phases: CPU time of that call; far
+                             below max_call_ms = preempted or waiting */
+  double max_cpu_call_ms; /* insert phases: longest call by CPU time */
+  double secs;            /* longest thread time */
+  double cpu_share;       /* thread CPU time / (threads x wall time): below
+                             ~0.9 the phase shared the cores with other work */
   uint64_t items, calls, unique_sum;
 } phase_result;
 
@@ -566,33 +616,42 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
     w->call_keys = call_keys;
     w->items = w->calls = w->unique_sum = 0;
     w->secs = w->cpu_secs = w->max_call_s = 0;
+    w->max_call_cpu_s = w->max_cpu_call_s = 0;
     w->rc = DYNEMB_OK;
     if (pthread_create(&w->th, NULL, worker_main, w)) {
       fprintf(stderr, "dynemb bench: cannot start thread %d\n", i);
       exit(1);
     }
   }
-  for (int i = 0; i < T; i++) pthread_join(ws[i].th, NULL);
+  for (int i = 0; i < T; i++)
+    pthread_join(ws[i].th, NULL);
   pthread_barrier_destroy(&b->barrier);
   double cpu = 0, wall = 0;
   for (int i = 0; i < T; i++) {
-    if (ws[i].rc != DYNEMB_OK) die_engine(what, ws[i].rc);
+    if (ws[i].rc != DYNEMB_OK)
+      die_engine(what, ws[i].rc);
     cpu += ws[i].cpu_secs;
     wall += ws[i].secs;
     r.items += ws[i].items;
     r.calls += ws[i].calls;
     r.unique_sum += ws[i].unique_sum;
-    if (ws[i].secs > r.secs) r.secs = ws[i].secs;
-    if (ws[i].max_call_s * 1e3 > r.max_call_ms)
+    if (ws[i].secs > r.secs)
+      r.secs = ws[i].secs;
+    if (ws[i].max_call_s * 1e3 > r.max_call_ms) {
       r.max_call_ms = ws[i].max_call_s * 1e3;
+      r.max_call_cpu_ms = ws[i].max_call_cpu_s * 1e3;
+    }
+    if (ws[i].max_cpu_call_s * 1e3 > r.max_cpu_call_ms)
+      r.max_cpu_call_ms = ws[i].max_cpu_call_s * 1e3;
   }
   r.per_s = r.secs > 0 ? (double)r.items / r.secs : 0;
   r.cpu_share = wall > 0 ? cpu / wall : 0;
-  const char *unit = (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH)
-                         ? "rows" : "keys";
+  const char *unit =
+      (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH) ? "rows" : "keys";
   progress("%s: %.3g %s/s (%" PRIu64 " %s in %.2f s, longest call %.2f ms, "
-           "cpu share %.2f)", what, r.per_s, unit, r.items, unit, r.secs,
-           r.max_call_ms, r.cpu_share);
+           "cpu share %.2f)",
+           what, r.per_s, unit, r.items, unit, r.secs, r.max_call_ms,
+           r.cpu_share);
   return r;
 }
 
@@ -614,7 +673,8 @@ static dynemb_table *make_table(const bench *b, const char *name) {
   cfg.optimizer.learning_rate = 1e-4f;
   cfg.nonfinite_policy = DYNEMB_NONFINITE_ERROR;
   int rc = dynemb_table_create(&cfg, &t);
-  if (rc != DYNEMB_OK) die_engine("dynemb_table_create", rc);
+  if (rc != DYNEMB_OK)
+    die_engine("dynemb_table_create", rc);
   return t;
 }
 
@@ -624,23 +684,28 @@ static void alloc_flat(bench *b) {
   void *p = mmap(NULL, b->flat_bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    fprintf(stderr, "dynemb bench: cannot map %zu bytes for the gather "
-            "array: %s\n", b->flat_bytes, strerror(errno));
+    fprintf(stderr,
+            "dynemb bench: cannot map %zu bytes for the gather "
+            "array: %s\n",
+            b->flat_bytes, strerror(errno));
     exit(1);
   }
 #ifdef MADV_HUGEPAGE
-  if (b->o.hugepages) (void)madvise(p, b->flat_bytes, MADV_HUGEPAGE);
+  if (b->o.hugepages)
+    (void)madvise(p, b->flat_bytes, MADV_HUGEPAGE);
 #endif
   b->flat = p;
   b->flat_mmapped = 1;
   rng r = {b->o.seed ^ 0xf1a7ULL};
-  for (size_t i = 0; i < n; i++) b->flat[i] = (float)(rng_unit(&r) - 0.5);
+  for (size_t i = 0; i < n; i++)
+    b->flat[i] = (float)(rng_unit(&r) - 0.5);
 }
 
 static void make_pools(bench *b, worker *ws) {
   const bench_opts *o = &b->o;
   zipf z;
-  if (o->zipf) zipf_init(&z, o->zipf_s, o->rows);
+  if (o->zipf)
+    zipf_init(&z, o->zipf_s, o->rows);
   size_t per = b->pool_batches * o->batch;
   for (int t = 0; t < o->threads; t++) {
     worker *w = &ws[t];
@@ -663,18 +728,21 @@ static void make_pools(bench *b, worker *ws) {
 static void cpu_model(char *buf, size_t n) {
   snprintf(buf, n, "unknown");
   FILE *f = fopen("/proc/cpuinfo", "r");
-  if (!f) return;
+  if (!f)
+    return;
   char line[512];
   while (fgets(line, sizeof line, f)) {
     if (!strncmp(line, "model name", 10)) {
       char *c = strchr(line, ':');
       if (c) {
         c++;
-        while (*c == ' ') c++;
+        while (*c == ' ')
+          c++;
         c[strcspn(c, "\n")] = 0;
         /* keep it JSON-safe */
         for (char *q = c; *q; q++)
-          if (*q == '"' || *q == '\\' || (unsigned char)*q < 32) *q = ' ';
+          if (*q == '"' || *q == '\\' || (unsigned char)*q < 32)
+            *q = ' ';
         snprintf(buf, n, "%s", c);
       }
       break;
@@ -689,7 +757,8 @@ static double loadavg_1m(void) {
   double l = -1;
   FILE *f = fopen("/proc/loadavg", "r");
   if (f) {
-    if (fscanf(f, "%lf", &l) != 1) l = -1;
+    if (fscanf(f, "%lf", &l) != 1)
+      l = -1;
     fclose(f);
   }
   return l;
@@ -720,7 +789,8 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"dist\": \"%s\",\n  \"threads\": %d,\n  \"optimizer\": \"%s\",\n",
          o->dist, o->threads, opt_label(o->opt_kind));
   printf("  \"row_floats\": %d,\n  \"seed\": %" PRIu64 ",\n"
-         "  \"min_time_s\": %g,\n", r->row_floats, o->seed, o->min_time);
+         "  \"min_time_s\": %g,\n",
+         r->row_floats, o->seed, o->min_time);
   printf("  \"lookup_keys_per_s\": %.0f,\n", r->lookup.per_s);
   printf("  \"lookup_eval_keys_per_s\": %.0f,\n", r->lookup_eval.per_s);
   printf("  \"insert_keys_per_s\": %.0f,\n", r->insert.per_s);
@@ -737,7 +807,13 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"lookup_vs_gather\": %.3f,\n", r->lookup_vs_gather);
   printf("  \"apply_vs_gather\": %.3f,\n", r->apply_vs_gather);
   printf("  \"bytes_per_row_overhead\": %.2f,\n", r->overhead);
-  printf("  \"max_stall_ms\": %.3f,\n", r->stall.max_call_ms);
+  if (o->skip_stall)
+    printf("  \"max_stall_ms\": null,\n");
+  else
+    printf("  \"max_stall_ms\": %.3f,\n  \"max_stall_call_cpu_ms\": %.3f,\n"
+           "  \"max_stall_cpu_ms\": %.3f,\n",
+           r->stall.max_call_ms, r->stall.max_call_cpu_ms,
+           r->stall.max_cpu_call_ms);
   printf("  \"stall_batch\": %zu,\n", o->stall_batch);
   printf("  \"max_insert_call_ms\": %.3f,\n", r->insert.max_call_ms);
   printf("  \"max_lookup_call_ms\": %.3f,\n", r->lookup.max_call_ms);
@@ -748,15 +824,18 @@ static void print_json(const bench *b, const results *r) {
          r->stall.cpu_share, r->insert.cpu_share, r->gplain.cpu_share,
          r->gpref.cpu_share, r->lookup.cpu_share, r->lookup_eval.cpu_share,
          r->apply.cpu_share);
-  printf("  \"targets\": {\"lookup_vs_gather\": %.1f, \"apply_vs_gather\": 0.4, "
-         "\"bytes_per_row_overhead\": 24, \"max_stall_ms\": 10},\n",
-         lookup_target);
+  printf(
+      "  \"targets\": {\"lookup_vs_gather\": %.1f, \"apply_vs_gather\": 0.4, "
+      "\"bytes_per_row_overhead\": 24, \"max_stall_ms\": 10},\n",
+      lookup_target);
   printf("  \"targets_met\": {\"lookup_vs_gather\": %s, \"apply_vs_gather\": "
          "%s, \"bytes_per_row_overhead\": %s, \"max_stall_ms\": %s},\n",
          r->lookup_vs_gather >= lookup_target ? "true" : "false",
          r->apply_vs_gather >= 0.4 ? "true" : "false",
          r->overhead <= 24 ? "true" : "false",
-         r->stall.max_call_ms <= 10 ? "true" : "false");
+         o->skip_stall                ? "null"
+         : r->stall.max_call_ms <= 10 ? "true"
+                                      : "false");
   printf("  \"stats\": {\"size\": %" PRIu64 ", \"capacity\": %" PRIu64
          ", \"candidates\": %" PRIu64 ", \"bytes\": %" PRIu64
          ", \"lookups\": %" PRIu64 ", \"hits\": %" PRIu64
@@ -765,8 +844,8 @@ static void print_json(const bench *b, const results *r) {
          ", \"dropped_gradients\": %" PRIu64 ", \"nonfinite_skipped\": %" PRIu64
          ", \"apply_steps\": %" PRIu64 "},\n",
          s->size, s->capacity, s->candidates, s->bytes, s->lookups, s->hits,
-         s->inserted, s->rejected, s->evicted, s->applied,
-         s->dropped_gradients, s->nonfinite_skipped, s->apply_steps);
+         s->inserted, s->rejected, s->evicted, s->applied, s->dropped_gradients,
+         s->nonfinite_skipped, s->apply_steps);
   printf("  \"machine\": {\"cpus\": %ld, \"model\": \"%s\", "
          "\"loadavg_1m_start\": %.2f, \"loadavg_1m_end\": %.2f},\n",
          sysconf(_SC_NPROCESSORS_ONLN), model, r->load_start, r->load_end);
@@ -780,8 +859,9 @@ static void print_human(const bench *b, const results *r) {
   const bench_opts *o = &b->o;
   double lookup_target = o->zipf ? 0.8 : 0.6;
   printf("dynemb bench: %" PRIu64 " rows x dim %d, batch %zu, %s, %d "
-         "thread(s), optimizer %s\n\n", o->rows, o->dim, o->batch, o->dist,
-         o->threads, opt_label(o->opt_kind));
+         "thread(s), optimizer %s\n\n",
+         o->rows, o->dim, o->batch, o->dist, o->threads,
+         opt_label(o->opt_kind));
   printf("  %-28s %16s %10s\n", "measure", "value", "target");
   printf("  %-28s %16.0f\n", "gather limit (rows/s)", r->gather_limit);
   printf("  %-28s %16.0f\n", "  gather plain (rows/s)", r->gplain.per_s);
@@ -795,8 +875,11 @@ static void print_human(const bench *b, const results *r) {
   printf("  %-28s %16.3f %10s\n", "apply_vs_gather", r->apply_vs_gather,
          ">= 0.4");
   printf("  %-28s %16.2f %10s\n", "bytes/row overhead", r->overhead, "<= 24");
-  printf("  %-28s %16.3f %10s\n", "max stall (ms)", r->stall.max_call_ms,
-         "<= 10");
+  if (o->skip_stall)
+    printf("  %-28s %16s %10s\n", "max stall (ms)", "skipped", "<= 10");
+  else
+    printf("  %-28s %16.3f %10s\n", "max stall (ms)", r->stall.max_call_ms,
+           "<= 10");
   printf("  %-28s %16zu\n", "  stall batch (keys/call)", o->stall_batch);
   printf("  %-28s %16.3f\n", "max insert call (ms)", r->insert.max_call_ms);
   printf("  %-28s %16" PRIu64 "\n", "table bytes", r->st.bytes);
@@ -813,8 +896,10 @@ int dynemb_cmd_bench(int argc, char **argv) {
   bench b;
   memset(&b, 0, sizeof b);
   int prc = parse_opts(argc, argv, &b.o);
-  if (prc == 1) return 0; /* --help */
-  if (prc) return prc;
+  if (prc == 1)
+    return 0; /* --help */
+  if (prc)
+    return prc;
   const bench_opts *o = &b.o;
   int T = o->threads;
   uint64_t R = o->rows;
@@ -822,24 +907,27 @@ int dynemb_cmd_bench(int argc, char **argv) {
 
   /* Key pools: about 1M keys per thread, whole batches, at least 2. */
   b.pool_batches = ((size_t)1 << 20) / o->batch;
-  if (b.pool_batches < 2) b.pool_batches = 2;
+  if (b.pool_batches < 2)
+    b.pool_batches = 2;
 
   double est = (double)R * (double)row_floats * 4 + (double)R * o->dim * 4 +
                (double)R * 16 +
                (double)T * (double)b.pool_batches * (double)o->batch * 12 +
                (double)T * (double)o->batch * o->dim * 8;
   progress("%" PRIu64 " rows x dim %d (%d floats/row with %s slots), batch "
-           "%zu, %s, %d thread(s); needs about %.2f GB", R, o->dim,
-           row_floats, opt_label(o->opt_kind), o->batch, o->dist, T,
+           "%zu, %s, %d thread(s); needs about %.2f GB",
+           R, o->dim, row_floats, opt_label(o->opt_kind), o->batch, o->dist, T,
            est / 1e9);
 
   /* Positions, keys, permutation. */
   b.all_keys = xmalloc((size_t)R * sizeof(int64_t), "keys");
-  for (uint64_t p = 0; p < R; p++) b.all_keys[p] = position_key(p, o->seed);
+  for (uint64_t p = 0; p < R; p++)
+    b.all_keys[p] = position_key(p, o->seed);
   b.perm = xmalloc((size_t)R * sizeof(uint64_t), "permutation");
   {
     rng r = {o->seed ^ 0x9e7aULL};
-    for (uint64_t i = 0; i < R; i++) b.perm[i] = i;
+    for (uint64_t i = 0; i < R; i++)
+      b.perm[i] = i;
     for (uint64_t i = R - 1; i > 0; i--) {
       uint64_t j = rng_below(&r, i + 1);
       uint64_t tmp = b.perm[i];
@@ -874,12 +962,13 @@ int dynemb_cmd_bench(int argc, char **argv) {
   r.load_start = loadavg_1m();
 
   /* 1. Stall pass: a scratch table grows from empty in small calls. */
-  {
+  if (!o->skip_stall) {
     char name[64];
     snprintf(name, sizeof name, "bench_stall_%ld", (long)getpid());
     dynemb_table *t = make_table(&b, name);
     progress("stall pass: growing '%s' to %" PRIu64 " rows, %zu keys per "
-             "call", name, R, o->stall_batch);
+             "call",
+             name, R, o->stall_batch);
     r.stall = run_phase(&b, ws, PH_STALL, t, o->stall_batch, "stall pass");
     dynemb_table_drop(name);
     dynemb_table_release(t);
@@ -894,13 +983,15 @@ int dynemb_cmd_bench(int argc, char **argv) {
             dynemb_table_row_floats(b.table), row_floats);
     return 1;
   }
-  progress("insert: growing '%s' to %" PRIu64 " rows, %zu keys per call",
-           tname, R, o->batch);
+  progress("insert: growing '%s' to %" PRIu64 " rows, %zu keys per call", tname,
+           R, o->batch);
   r.insert = run_phase(&b, ws, PH_INSERT, b.table, o->batch, "insert");
   dynemb_table_get_stats(b.table, &r.st);
   if (r.st.size != R) {
-    fprintf(stderr, "dynemb bench: table has %" PRIu64 " rows after inserting "
-            "%" PRIu64 " distinct keys\n", r.st.size, R);
+    fprintf(stderr,
+            "dynemb bench: table has %" PRIu64 " rows after inserting "
+            "%" PRIu64 " distinct keys\n",
+            r.st.size, R);
     return 1;
   }
   r.overhead = ((double)r.st.bytes - (double)R * row_floats * 4.0) / (double)R;
@@ -914,7 +1005,8 @@ int dynemb_cmd_bench(int argc, char **argv) {
 
   /* 4. Lookups of existing keys. */
   r.lookup = run_phase(&b, ws, PH_LOOKUP_TRAIN, b.table, 0, "lookup (train)");
-  r.lookup_eval = run_phase(&b, ws, PH_LOOKUP_EVAL, b.table, 0, "lookup (eval)");
+  r.lookup_eval =
+      run_phase(&b, ws, PH_LOOKUP_EVAL, b.table, 0, "lookup (eval)");
 
   /* 5. Apply. */
   r.apply = run_phase(&b, ws, PH_APPLY, b.table, 0, "apply");
@@ -923,16 +1015,19 @@ int dynemb_cmd_bench(int argc, char **argv) {
    * machine's speed during the run shows and the better figure is used. */
   phase_result g2 = run_phase(&b, ws, PH_GATHER_PREFETCH, NULL, 0,
                               "gather (prefetch, again)");
-  if (g2.per_s > r.gpref.per_s) r.gpref = g2;
-  r.gather_limit = r.gplain.per_s > r.gpref.per_s ? r.gplain.per_s
-                                                  : r.gpref.per_s;
+  if (g2.per_s > r.gpref.per_s)
+    r.gpref = g2;
+  r.gather_limit =
+      r.gplain.per_s > r.gpref.per_s ? r.gplain.per_s : r.gpref.per_s;
   r.lookup_vs_gather = r.gather_limit > 0 ? r.lookup.per_s / r.gather_limit : 0;
   r.apply_vs_gather = r.gather_limit > 0 ? r.apply.per_s / r.gather_limit : 0;
   dynemb_table_get_stats(b.table, &r.st);
   r.load_end = loadavg_1m();
 
-  if (o->json) print_json(&b, &r);
-  else print_human(&b, &r);
+  if (o->json)
+    print_json(&b, &r);
+  else
+    print_human(&b, &r);
 
   dynemb_table_drop(tname);
   dynemb_table_release(b.table);
@@ -943,7 +1038,8 @@ int dynemb_cmd_bench(int argc, char **argv) {
     free(ws[i].grads);
   }
   free(ws);
-  if (b.flat_mmapped) munmap(b.flat, b.flat_bytes);
+  if (b.flat_mmapped)
+    munmap(b.flat, b.flat_bytes);
   free(b.perm);
   free(b.all_keys);
   return 0;

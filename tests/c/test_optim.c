@@ -61,8 +61,10 @@ static double rng_unit(void) { return (double)(rng_next() >> 11) * 0x1p-53; }
  * element the loss does not depend on), sometimes large. */
 static float rng_grad(void) {
   double u = rng_unit();
-  if (u < 0.05) return 0.0f;
-  if (u < 0.10) return (float)(8.0 * (rng_unit() - 0.5));
+  if (u < 0.05)
+    return 0.0f;
+  if (u < 0.10)
+    return (float)(8.0 * (rng_unit() - 0.5));
   return (float)(2.0 * rng_unit() - 1.0);
 }
 
@@ -73,20 +75,27 @@ static float rng_grad(void) {
 /* Slots per row, written out again (not taken from the engine). */
 static int ref_slots(int kind) {
   switch (kind) {
-  case DYNEMB_OPT_SGD: return 0;
-  case DYNEMB_OPT_ADAGRAD: return 1;
-  case DYNEMB_OPT_ADAM: return 2;
-  case DYNEMB_OPT_FTRL: return 2;
-  default: return -1;
+  case DYNEMB_OPT_SGD:
+    return 0;
+  case DYNEMB_OPT_ADAGRAD:
+    return 1;
+  case DYNEMB_OPT_ADAM:
+    return 2;
+  case DYNEMB_OPT_FTRL:
+    return 2;
+  default:
+    return -1;
   }
 }
 
 /* Initial slot values of a new row: Adagrad accum = initial_accumulator_value;
  * Adam m = v = 0; FTRL accum = initial_accumulator_value, linear = 0. */
 static void ref_init_slots(const dynemb_optimizer *o, double *slots, int dim) {
-  for (int i = 0; i < dim * ref_slots(o->kind); i++) slots[i] = 0.0;
+  for (int i = 0; i < dim * ref_slots(o->kind); i++)
+    slots[i] = 0.0;
   if (o->kind == DYNEMB_OPT_ADAGRAD || o->kind == DYNEMB_OPT_FTRL)
-    for (int i = 0; i < dim; i++) slots[i] = (double)o->initial_accumulator_value;
+    for (int i = 0; i < dim; i++)
+      slots[i] = (double)o->initial_accumulator_value;
 }
 
 /* One optimizer step on row `w` (embedding then slots) with the summed
@@ -98,7 +107,8 @@ static void ref_step(const dynemb_optimizer *o, double *w, int dim,
   double *s1 = w + dim, *s2 = w + 2 * dim;
   switch (o->kind) {
   case DYNEMB_OPT_SGD: /* ApplyGradientDescent */
-    for (int i = 0; i < dim; i++) w[i] -= lr * g[i];
+    for (int i = 0; i < dim; i++)
+      w[i] -= lr * g[i];
     break;
   case DYNEMB_OPT_ADAGRAD: /* ApplyAdagrad, update_slots = true */
     for (int i = 0; i < dim; i++) {
@@ -137,7 +147,8 @@ static void ref_step(const dynemb_optimizer *o, double *w, int dim,
     }
     break;
   }
-  default: break;
+  default:
+    break;
   }
 }
 
@@ -157,14 +168,15 @@ static int compare_row(const char *what, long step, const float *got,
   int bad = 0;
   for (int i = 0; i < n; i++) {
     double scale = fabs(want[i]);
-    if (prev && fabs(prev[i]) > scale) scale = fabs(prev[i]);
+    if (prev && fabs(prev[i]) > scale)
+      scale = fabs(prev[i]);
     double err = fabs((double)got[i] - want[i]);
     if (!(err <= rtol * scale + atol)) { /* also catches NaN */
       bad++;
       if (printed < 12) {
         printed++;
-        fprintf(stderr, "  %s step %ld element %d: got %.9g, want %.9g\n",
-                what, step, i, (double)got[i], want[i]);
+        fprintf(stderr, "  %s step %ld element %d: got %.9g, want %.9g\n", what,
+                step, i, (double)got[i], want[i]);
       }
     }
   }
@@ -172,7 +184,8 @@ static int compare_row(const char *what, long step, const float *got,
 }
 
 static void widen(const float *in, double *out, int n) {
-  for (int i = 0; i < n; i++) out[i] = (double)in[i];
+  for (int i = 0; i < n; i++)
+    out[i] = (double)in[i];
 }
 
 /* ------------------------------------------------------------------------ */
@@ -247,7 +260,8 @@ static void make_cases(void) {
 /* The learning rate of step `s`: varies a little, as a decay schedule
  * would. */
 static float step_lr(const dynemb_optimizer *o, long s) {
-  return (float)((double)o->learning_rate * (1.0 + 0.25 * sin(0.1 * (double)s)));
+  return (float)((double)o->learning_rate *
+                 (1.0 + 0.25 * sin(0.1 * (double)s)));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -292,10 +306,12 @@ static void test_init_slots(void) {
     int ns = ref_slots(o->kind);
     float slots[2 * DIM + 1];
     double want[2 * DIM];
-    for (int i = 0; i < 2 * DIM + 1; i++) slots[i] = -777.0f;
+    for (int i = 0; i < 2 * DIM + 1; i++)
+      slots[i] = -777.0f;
     dynemb_optim_init_slots(o, slots, DIM);
     ref_init_slots(o, want, DIM);
-    CHECK(compare_row(cases[c].label, 0, slots, want, NULL, ns * DIM, 0, 0) == 0);
+    CHECK(compare_row(cases[c].label, 0, slots, want, NULL, ns * DIM, 0, 0) ==
+          0);
     /* Writes exactly its slots, nothing beyond. */
     CHECK(slots[ns * DIM] == -777.0f);
   }
@@ -314,7 +330,8 @@ static void run_row_case(const opt_case *oc, int dim) {
   char what[96];
   snprintf(what, sizeof what, "%s dim %d", oc->label, dim);
 
-  for (int i = 0; i < dim; i++) row[i] = (float)(rng_unit() - 0.5);
+  for (int i = 0; i < dim; i++)
+    row[i] = (float)(rng_unit() - 0.5);
   dynemb_optim_init_slots(o, row + dim, dim);
   row[rf] = 12345.0f; /* guard */
   widen(row, traj, dim);
@@ -334,11 +351,17 @@ static void run_row_case(const opt_case *oc, int dim) {
     dynemb_optim_apply(o, row, grad, dim, lr, (uint64_t)s);
     bad_step += compare_row(what, s, row, want, prev, rf, STEP_RTOL, STEP_ATOL);
   }
-  bad_traj += compare_row(what, -STEPS, row, traj, NULL, rf, TRAJ_RTOL, TRAJ_ATOL);
+  bad_traj +=
+      compare_row(what, -STEPS, row, traj, NULL, rf, TRAJ_RTOL, TRAJ_ATOL);
   CHECK(bad_step == 0);
   CHECK(bad_traj == 0);
   CHECK(row[rf] == 12345.0f);
-  free(row); free(grad); free(traj); free(want); free(prev); free(g);
+  free(row);
+  free(grad);
+  free(traj);
+  free(want);
+  free(prev);
+  free(g);
 }
 
 static void test_row_math_all_optimizers(void) {
@@ -398,9 +421,11 @@ static int make_bad_cases(bad_case *b) {
   b[k++].opt.beta2 = 1.0f;
   b[k] = (bad_case){"beta2 > 1", "beta2", default_opt(DYNEMB_OPT_ADAM, 0.01f)};
   b[k++].opt.beta2 = 1.5f;
-  b[k] = (bad_case){"epsilon = 0", "epsilon", default_opt(DYNEMB_OPT_ADAM, 0.01f)};
+  b[k] =
+      (bad_case){"epsilon = 0", "epsilon", default_opt(DYNEMB_OPT_ADAM, 0.01f)};
   b[k++].opt.epsilon = 0.0f;
-  b[k] = (bad_case){"epsilon < 0", "epsilon", default_opt(DYNEMB_OPT_ADAM, 0.01f)};
+  b[k] =
+      (bad_case){"epsilon < 0", "epsilon", default_opt(DYNEMB_OPT_ADAM, 0.01f)};
   b[k++].opt.epsilon = -1e-8f;
   b[k] = (bad_case){"l1 < 0", "l1", default_opt(DYNEMB_OPT_FTRL, 0.01f)};
   b[k++].opt.l1 = -0.5f;
@@ -412,8 +437,8 @@ static int make_bad_cases(bad_case *b) {
   b[k] = (bad_case){"learning_rate_power > 0", "learning_rate_power",
                     default_opt(DYNEMB_OPT_FTRL, 0.01f)};
   b[k++].opt.learning_rate_power = 0.5f;
-  b[k] = (bad_case){"unknown optimizer kind", "optimizer",
-                    default_opt(7, 0.01f)};
+  b[k] =
+      (bad_case){"unknown optimizer kind", "optimizer", default_opt(7, 0.01f)};
   k++;
   return k;
 }
@@ -431,8 +456,10 @@ static void test_validate_rejects_bad_hyperparameters(void) {
     }
     const char *msg = dynemb_last_error();
     if (!strstr(msg, "tbl_validate") || !strstr(msg, b[i].field)) {
-      fprintf(stderr, "  %s: message '%s' should name table 'tbl_validate' "
-              "and field '%s'\n", b[i].label, msg, b[i].field);
+      fprintf(stderr,
+              "  %s: message '%s' should name table 'tbl_validate' "
+              "and field '%s'\n",
+              b[i].label, msg, b[i].field);
       CHECK(0);
     }
   }
@@ -445,10 +472,14 @@ static void test_validate_accepts_edge_values(void) {
   o = default_opt(DYNEMB_OPT_SGD, 0.0f); /* lr 0 is allowed (frozen) */
   CHECK_OK(dynemb_optim_validate(&o, "tbl_ok"));
   o = default_opt(DYNEMB_OPT_ADAM, 0.01f);
-  o.beta1 = 0.0f; o.beta2 = 0.0f; /* [0, 1) includes 0 */
+  o.beta1 = 0.0f;
+  o.beta2 = 0.0f; /* [0, 1) includes 0 */
   CHECK_OK(dynemb_optim_validate(&o, "tbl_ok"));
   o = default_opt(DYNEMB_OPT_FTRL, 0.01f);
-  o.learning_rate_power = 0.0f; o.l1 = 0.0f; o.l2 = 0.0f; o.l2_shrinkage = 0.0f;
+  o.learning_rate_power = 0.0f;
+  o.l1 = 0.0f;
+  o.l2 = 0.0f;
+  o.l2_shrinkage = 0.0f;
   CHECK_OK(dynemb_optim_validate(&o, "tbl_ok"));
 }
 
@@ -475,8 +506,10 @@ static void test_create_rejects_bad_hyperparameters(void) {
     }
     const char *msg = dynemb_last_error();
     if (!strstr(msg, "tbl_bad_hp") || !strstr(msg, b[i].field)) {
-      fprintf(stderr, "  %s: message '%s' should name table 'tbl_bad_hp' and "
-              "field '%s'\n", b[i].label, msg, b[i].field);
+      fprintf(stderr,
+              "  %s: message '%s' should name table 'tbl_bad_hp' and "
+              "field '%s'\n",
+              b[i].label, msg, b[i].field);
       CHECK(0);
     }
     /* A failed create registers nothing. */
@@ -518,8 +551,10 @@ static long snap_find(const dynemb_snapshot *s, int64_t key) {
   size_t lo = 0, hi = s->rows;
   while (lo < hi) { /* rows are sorted by key */
     size_t mid = lo + (hi - lo) / 2;
-    if (s->keys[mid] < key) lo = mid + 1;
-    else hi = mid;
+    if (s->keys[mid] < key)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return (lo < s->rows && s->keys[lo] == key) ? (long)lo : -1;
 }
@@ -533,7 +568,8 @@ static void make_keys(int64_t *keys) {
   keys[1] = -1;
   keys[2] = INT64_MAX;
   keys[3] = INT64_MIN;
-  for (int i = 4; i < NKEYS; i++) keys[i] = (int64_t)(rng_next() >> 20) - 1000;
+  for (int i = 4; i < NKEYS; i++)
+    keys[i] = (int64_t)(rng_next() >> 20) - 1000;
 }
 
 /* 200 random batches through dynemb_apply, checked step by step and as a
@@ -543,7 +579,8 @@ static void run_table_case(const opt_case *oc, int dim) {
   char name[96];
   snprintf(name, sizeof name, "optim_%s_d%d", oc->label, dim);
   dynemb_table *t = make_table(name, dim, o, DYNEMB_NONFINITE_ERROR);
-  if (!t) return;
+  if (!t)
+    return;
   int rf = dim * (1 + ref_slots(o->kind));
   CHECK(dynemb_table_row_floats(t) == rf);
 
@@ -560,12 +597,15 @@ static void run_table_case(const opt_case *oc, int dim) {
   for (int k = 0; k < NKEYS; k++) {
     long r = snap_find(&s0, keys[k]);
     CHECK(r >= 0);
-    if (r < 0) continue;
-    widen(s0.values + (size_t)r * (size_t)rf, traj + (size_t)k * (size_t)rf, dim);
+    if (r < 0)
+      continue;
+    widen(s0.values + (size_t)r * (size_t)rf, traj + (size_t)k * (size_t)rf,
+          dim);
     ref_init_slots(o, traj + (size_t)k * (size_t)rf + dim, dim);
     /* The table's fresh slots are the reference's. */
-    CHECK(compare_row("fresh slots", 0, s0.values + (size_t)r * (size_t)rf + dim,
-                      traj + (size_t)k * (size_t)rf + dim, NULL, rf - dim, 0, 0) == 0);
+    CHECK(compare_row(
+              "fresh slots", 0, s0.values + (size_t)r * (size_t)rf + dim,
+              traj + (size_t)k * (size_t)rf + dim, NULL, rf - dim, 0, 0) == 0);
   }
 
   int64_t bkeys[MAXBATCH];
@@ -586,7 +626,8 @@ static void run_table_case(const opt_case *oc, int dim) {
     size_t n = 0;
     int subset = 1 + (int)(rng_unit() * NKEYS);
     memset(present, 0, sizeof present);
-    for (int k = 0; k < NKEYS * dim; k++) gsum[k] = 0.0;
+    for (int k = 0; k < NKEYS * dim; k++)
+      gsum[k] = 0.0;
     while (n < MAXBATCH - 1 && n < (size_t)(subset * 3 / 2)) {
       int k = (int)(rng_unit() * subset);
       bkeys[n] = keys[k];
@@ -601,13 +642,16 @@ static void run_table_case(const opt_case *oc, int dim) {
     int with_unknown = rng_unit() < 0.3;
     if (with_unknown) { /* a key without a row, gradients dropped */
       bkeys[n] = 987654321 + s;
-      for (int i = 0; i < dim; i++) grads[n * (size_t)dim + (size_t)i] = 1.0f;
+      for (int i = 0; i < dim; i++)
+        grads[n * (size_t)dim + (size_t)i] = 1.0f;
       n++;
     }
     /* Shuffle so that repeated keys are not adjacent. */
     for (size_t i = n - 1; i > 0; i--) {
       size_t j = (size_t)(rng_unit() * (double)(i + 1));
-      int64_t tk = bkeys[i]; bkeys[i] = bkeys[j]; bkeys[j] = tk;
+      int64_t tk = bkeys[i];
+      bkeys[i] = bkeys[j];
+      bkeys[j] = tk;
       for (int e = 0; e < dim; e++) {
         float tg = grads[i * (size_t)dim + (size_t)e];
         grads[i * (size_t)dim + (size_t)e] = grads[j * (size_t)dim + (size_t)e];
@@ -615,7 +659,8 @@ static void run_table_case(const opt_case *oc, int dim) {
       }
     }
     int distinct = 0;
-    for (int k = 0; k < NKEYS; k++) distinct += present[k];
+    for (int k = 0; k < NKEYS; k++)
+      distinct += present[k];
 
     /* Odd steps use the configured rate (lr < 0), even steps pass one. */
     float lr = (s % 2) ? o->learning_rate : step_lr(o, s);
@@ -629,10 +674,12 @@ static void run_table_case(const opt_case *oc, int dim) {
         st.dropped_unknown != (size_t)with_unknown ||
         st.skipped_nonfinite != 0) {
       if (!bad_stats)
-        fprintf(stderr, "  %s step %ld: stats unique %zu applied %zu dropped "
-                "%zu skipped %zu, want %d %d %d 0\n", what, s, st.unique_keys,
-                st.applied, st.dropped_unknown, st.skipped_nonfinite,
-                distinct + with_unknown, distinct, with_unknown);
+        fprintf(stderr,
+                "  %s step %ld: stats unique %zu applied %zu dropped "
+                "%zu skipped %zu, want %d %d %d 0\n",
+                what, s, st.unique_keys, st.applied, st.dropped_unknown,
+                st.skipped_nonfinite, distinct + with_unknown, distinct,
+                with_unknown);
       bad_stats++;
     }
     total_applied += (size_t)distinct;
@@ -644,12 +691,16 @@ static void run_table_case(const opt_case *oc, int dim) {
     CHECK(after.apply_steps == (uint64_t)s);
     for (int k = 0; k < NKEYS; k++) {
       long rb = snap_find(&before, keys[k]), ra = snap_find(&after, keys[k]);
-      if (rb < 0 || ra < 0) { bad_step++; continue; }
+      if (rb < 0 || ra < 0) {
+        bad_step++;
+        continue;
+      }
       const float *fb = before.values + (size_t)rb * (size_t)rf;
       const float *fa = after.values + (size_t)ra * (size_t)rf;
       double *tr = traj + (size_t)k * (size_t)rf;
       if (!present[k]) { /* lazy: not in the batch, not moved at all */
-        if (memcmp(fb, fa, sizeof(float) * (size_t)rf)) bad_lazy++;
+        if (memcmp(fb, fa, sizeof(float) * (size_t)rf))
+          bad_lazy++;
         continue;
       }
       const double *g = gsum + (size_t)k * (size_t)dim;
@@ -657,21 +708,25 @@ static void run_table_case(const opt_case *oc, int dim) {
       memcpy(want, prev, sizeof(double) * (size_t)rf);
       ref_step(o, want, dim, g, (double)lr, (uint64_t)s);
       ref_step(o, tr, dim, g, (double)lr, (uint64_t)s);
-      bad_step += compare_row(what, s, fa, want, prev, rf, STEP_RTOL, STEP_ATOL);
+      bad_step +=
+          compare_row(what, s, fa, want, prev, rf, STEP_RTOL, STEP_ATOL);
     }
-    if (before.keys != s0.keys) dynemb_snapshot_free(&before);
+    if (before.keys != s0.keys)
+      dynemb_snapshot_free(&before);
     before = after;
   }
 
   int bad_traj = 0;
   for (int k = 0; k < NKEYS; k++) {
     long r = snap_find(&before, keys[k]);
-    if (r < 0) continue;
-    bad_traj += compare_row(what, -STEPS, before.values + (size_t)r * (size_t)rf,
-                            traj + (size_t)k * (size_t)rf, NULL, rf, TRAJ_RTOL,
-                            TRAJ_ATOL);
+    if (r < 0)
+      continue;
+    bad_traj += compare_row(
+        what, -STEPS, before.values + (size_t)r * (size_t)rf,
+        traj + (size_t)k * (size_t)rf, NULL, rf, TRAJ_RTOL, TRAJ_ATOL);
   }
-  if (before.keys != s0.keys) dynemb_snapshot_free(&before);
+  if (before.keys != s0.keys)
+    dynemb_snapshot_free(&before);
   dynemb_snapshot_free(&s0);
 
   dynemb_table_stats ts;
@@ -686,9 +741,15 @@ static void run_table_case(const opt_case *oc, int dim) {
   CHECK(bad_lazy == 0);
   CHECK(bad_stats == 0);
   CHECK(bad_traj == 0);
-  if (bad_lazy) fprintf(stderr, "  %s: %d rows absent from a batch moved\n", what, bad_lazy);
+  if (bad_lazy)
+    fprintf(stderr, "  %s: %d rows absent from a batch moved\n", what,
+            bad_lazy);
 
-  free(traj); free(grads); free(gsum); free(want); free(prev);
+  free(traj);
+  free(grads);
+  free(gsum);
+  free(want);
+  free(prev);
   CHECK_OK(dynemb_table_drop(name));
   dynemb_table_release(t);
 }
@@ -708,8 +769,10 @@ static void test_table_repeated_key_summed_once(void) {
     const dynemb_optimizer *o = &cases[c].opt;
     enum { DIM = 5, REP = 7 };
     int rf = DIM * (1 + ref_slots(o->kind));
-    dynemb_table *t = make_table("optim_repeat", DIM, o, DYNEMB_NONFINITE_ERROR);
-    if (!t) continue;
+    dynemb_table *t =
+        make_table("optim_repeat", DIM, o, DYNEMB_NONFINITE_ERROR);
+    if (!t)
+      continue;
     int64_t key = 77;
     insert_keys(t, &key, 1);
     dynemb_snapshot s0, s1;
@@ -753,8 +816,10 @@ static void test_table_repeated_key_summed_once(void) {
 static void test_table_lazy_adam_step_count(void) {
   dynemb_optimizer o = default_opt(DYNEMB_OPT_ADAM, 0.01f);
   enum { DIM = 4 };
-  dynemb_table *t = make_table("optim_lazy_adam", DIM, &o, DYNEMB_NONFINITE_ERROR);
-  if (!t) return;
+  dynemb_table *t =
+      make_table("optim_lazy_adam", DIM, &o, DYNEMB_NONFINITE_ERROR);
+  if (!t)
+    return;
   int64_t keys[2] = {1, 2};
   insert_keys(t, keys, 2);
   float grad[DIM] = {0.5f, -0.5f, 0.25f, 1.0f};
@@ -763,7 +828,10 @@ static void test_table_lazy_adam_step_count(void) {
   double w1[3 * DIM];
   long r1 = snap_find(&s0, 1);
   CHECK(r1 >= 0);
-  if (r1 < 0) { dynemb_snapshot_free(&s0); return; }
+  if (r1 < 0) {
+    dynemb_snapshot_free(&s0);
+    return;
+  }
   widen(s0.values + r1 * 3 * DIM, w1, 3 * DIM);
   double g[DIM];
   widen(grad, g, DIM);
@@ -791,7 +859,8 @@ static int snapshots_equal(const dynemb_snapshot *a, const dynemb_snapshot *b) {
   if (a->rows != b->rows || a->row_floats != b->row_floats ||
       a->apply_steps != b->apply_steps)
     return 0;
-  if (a->rows == 0) return 1;
+  if (a->rows == 0)
+    return 1;
   return !memcmp(a->keys, b->keys, sizeof(int64_t) * a->rows) &&
          !memcmp(a->values, b->values,
                  sizeof(float) * a->rows * (size_t)a->row_floats);
@@ -804,12 +873,15 @@ static void test_nonfinite_error_policy(void) {
   static const float bad_values[3] = {NAN, INFINITY, -INFINITY};
   dynemb_optimizer o = default_opt(DYNEMB_OPT_ADAM, 0.01f);
   enum { DIM = 6, N = 5 };
-  dynemb_table *t = make_table("optim_nan_error", DIM, &o, DYNEMB_NONFINITE_ERROR);
-  if (!t) return;
+  dynemb_table *t =
+      make_table("optim_nan_error", DIM, &o, DYNEMB_NONFINITE_ERROR);
+  if (!t)
+    return;
   int64_t keys[N] = {10, 20, 123456789, 40, 50};
   insert_keys(t, keys, N);
   float grads[N * DIM];
-  for (int i = 0; i < N * DIM; i++) grads[i] = rng_grad();
+  for (int i = 0; i < N * DIM; i++)
+    grads[i] = rng_grad();
   CHECK_OK(dynemb_apply(t, keys, N, grads, -1.0f, NULL)); /* step 1 */
 
   for (int b = 0; b < 3; b++) {
@@ -822,8 +894,10 @@ static void test_nonfinite_error_policy(void) {
     CHECK_RC(dynemb_apply(t, keys, N, bad, -1.0f, &st), DYNEMB_ENONFINITE);
     const char *msg = dynemb_last_error();
     if (!strstr(msg, "optim_nan_error") || !strstr(msg, "123456789")) {
-      fprintf(stderr, "  ENONFINITE message '%s' should name table "
-              "'optim_nan_error' and key 123456789\n", msg);
+      fprintf(stderr,
+              "  ENONFINITE message '%s' should name table "
+              "'optim_nan_error' and key 123456789\n",
+              msg);
       CHECK(0);
     }
     CHECK_OK(dynemb_table_snapshot(t, &s1));
@@ -840,7 +914,8 @@ static void test_nonfinite_error_policy(void) {
     CHECK_OK(dynemb_table_snapshot(t, &s0));
     int64_t k2[2] = {999999, 10};
     float g2[2 * DIM];
-    for (int i = 0; i < 2 * DIM; i++) g2[i] = NAN;
+    for (int i = 0; i < 2 * DIM; i++)
+      g2[i] = NAN;
     int rc = dynemb_apply(t, k2, 2, g2, -1.0f, NULL);
     CHECK(rc == DYNEMB_ENONFINITE);
     CHECK_OK(dynemb_table_snapshot(t, &s1));
@@ -887,14 +962,17 @@ static void test_nonfinite_skip_policy(void) {
     const dynemb_optimizer *o = &cases[c].opt;
     enum { DIM = 4, N = 6 };
     int rf = DIM * (1 + ref_slots(o->kind));
-    dynemb_table *t = make_table("optim_nan_skip", DIM, o, DYNEMB_NONFINITE_SKIP);
-    if (!t) continue;
+    dynemb_table *t =
+        make_table("optim_nan_skip", DIM, o, DYNEMB_NONFINITE_SKIP);
+    if (!t)
+      continue;
     /* keys: 1 NaN, 2 +Inf, 3 fine, 4 fine, 5 NaN in its second occurrence */
     int64_t ukeys[5] = {1, 2, 3, 4, 5};
     insert_keys(t, ukeys, 5);
     int64_t keys[N] = {1, 5, 2, 3, 4, 5};
     float grads[N * DIM];
-    for (int i = 0; i < N * DIM; i++) grads[i] = rng_grad();
+    for (int i = 0; i < N * DIM; i++)
+      grads[i] = rng_grad();
     grads[0 * DIM + 1] = NAN;
     grads[2 * DIM + 0] = INFINITY;
     grads[5 * DIM + 3] = -NAN;
@@ -922,7 +1000,8 @@ static void test_nonfinite_skip_policy(void) {
       } else {
         CHECK(!memcmp(f0, f1, sizeof(float) * (size_t)rf));
       }
-      for (int i = 0; i < rf; i++) CHECK(isfinite(f1[i]));
+      for (int i = 0; i < rf; i++)
+        CHECK(isfinite(f1[i]));
     }
     dynemb_table_stats ts;
     dynemb_table_get_stats(t, &ts);
@@ -938,7 +1017,8 @@ static void test_nonfinite_skip_policy(void) {
 static void test_apply_argument_errors(void) {
   dynemb_optimizer o = default_opt(DYNEMB_OPT_SGD, 0.01f);
   dynemb_table *t = make_table("optim_args", 2, &o, DYNEMB_NONFINITE_ERROR);
-  if (!t) return;
+  if (!t)
+    return;
   int64_t key = 3;
   float g[2] = {1.0f, 1.0f};
   insert_keys(t, &key, 1);

@@ -107,3 +107,15 @@ def test_demo_auc_matches_pairwise_count():
     want = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) \
         / (len(pos) * len(neg))
     assert criteo_demo.auc(y, p) == pytest.approx(want, rel=1e-12)
+
+
+def test_make_dataset_part_splits_the_rows(tmp_path):
+    lines = [LINES[0].replace("\t5\t", f"\t{i}\t", 1) for i in range(10)]
+    path = _write(tmp_path, lines)  # 8 train rows (I1 = 0..7), 2 held out
+    got = []
+    for k in range(2):
+        for x, _ in _run(criteo_data.make_dataset("train", 3, path, part=(k, 2)), 2):
+            got.append(x["dense"][:, 0].tolist())
+    expm1 = [[round(math.expm1(v)) for v in b] for b in got]
+    assert expm1 == [[0, 1, 2], [3], [4, 5, 6], [7]]
+

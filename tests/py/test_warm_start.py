@@ -4,6 +4,8 @@ renamed tables, dense variables by TensorFlow's rules, clear errors.
 
 The reference for every warm-started value is the checkpoint itself, read back
 with tf.train.load_checkpoint."""
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,7 +15,22 @@ from dynemb.core import embedding
 from dynemb.graph.modifier import GraphModifierHook
 from dynemb.optimizers import adagrad
 
-WS = tf.estimator.WarmStartSettings
+
+def WS(ckpt_to_initialize_from, vars_to_warm_start=".*", var_name_to_vocab_info=None,
+       var_name_to_prev_var_name=None):
+    """tf.estimator.WarmStartSettings where TensorFlow has Estimator (<= 2.15);
+    the same fields in a plain namedtuple elsewhere (dynemb.warm_start reads
+    either), so the sess.run tests also run on TensorFlow >= 2.16."""
+    est = getattr(tf, "estimator", None)
+    cls = est.WarmStartSettings if est is not None else _Settings
+    return cls(ckpt_to_initialize_from, vars_to_warm_start, var_name_to_vocab_info,
+               var_name_to_prev_var_name)
+
+
+_Settings = collections.namedtuple("WarmStartSettings", [
+    "ckpt_to_initialize_from", "vars_to_warm_start", "var_name_to_vocab_info",
+    "var_name_to_prev_var_name"])
+
 DIMS = {"user": 3, "item": 2}
 DENSE = ("mlp/w", "out/b")
 
@@ -73,6 +90,21 @@ def _make_ckpt(directory, seed, names=None, steps=4):
     return str(directory)
 
 
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """make(seed, names=None): the checkpoint directory of _make_ckpt, made once
+    per module (called inside tests, where dynemb is initialized)."""
+    base = tmp_path_factory.mktemp("warm_start")
+    cache = {}
+
+    def make(seed, names=None):
+        key = (seed, tuple(sorted((names or {}).items())))
+        if key not in cache:
+            cache[key] = _make_ckpt(base / f"ckpt{len(cache)}", seed, names)
+        return cache[key]
+    return make
+
+
 def _ckpt_table(path, name, dim):
     """(keys, embeddings) of table `name` in the checkpoint, sorted by key."""
     r = tf.train.load_checkpoint(path)
@@ -116,7 +148,9 @@ def _sessrun_warm(settings, names=None, seed=9, use_function=True):
     with tf.Graph().as_default():
         f = {k: tf.constant(v) for k, v in x.items()}
         _model(f, tf.constant(y), names=names, seed=seed)
-        if use_function:
+        if use_function == "args":
+            op = dynemb.warm_start(*settings)
+        elif use_function:
             op = dynemb.warm_start(settings)
         else:  # TensorFlow's own entry point, which import dynemb extends
             tf.compat.v1.train.warm_start(*settings)
@@ -145,8 +179,8 @@ def _assert_fresh(out, name):
     assert len(out[name][0]) == 0, f"table {name} was warm-started"
 
 
-def test_single_path_tables_and_dense_from_the_checkpoint(tmp_path):
-    a = _make_ckpt(tmp_path / "a", seed=1)
+def test_single_path_tables_and_dense_from_the_checkpoint(tmp_path, ckpt):
+    a = ckpt(1)
     out = _sessrun_warm(WS(a))  # vars_to_warm_start='.*': everything
     for name in DIMS:
         _assert_table_from(out, name, a)
@@ -167,8 +201,8 @@ def test_single_path_tables_and_dense_from_the_checkpoint(tmp_path):
     (["item", "mlp/.*"], {"item"}, {"mlp/w"}),     # tables and dense regexes together
     (".*", {"user", "item"}, set(DENSE)),
 ])
-def test_selection_by_name_regex_and_list(tmp_path, sel, tables, dense):
-    a = _make_ckpt(tmp_path / "a", seed=1)
+def test_selection_by_name_regex_and_list(tmp_path, ckpt, sel, tables, dense):
+    a = ckpt(1)
     out = _sessrun_warm(WS(a, vars_to_warm_start=sel), seed=9)
     for name in DIMS:
         if name in tables:
@@ -180,12 +214,13 @@ def test_selection_by_name_regex_and_list(tmp_path, sel, tables, dense):
         assert same == (v in dense), v
 
 
-def test_multi_path_later_paths_override_earlier_ones(tmp_path):
-    a = _make_ckpt(tmp_path / "a", seed=1)
-    b = _make_ckpt(tmp_path / "b", seed=2)
-    c = _make_ckpt(tmp_path / "c", seed=3)
-    settings = WS([a, b, c], [".*", ["user"], ["item", "mlp/w"]],
-                  var_name_to_prev_var_name=[{}, {}, {}])
+def test_multi_path_later_paths_override_earlier_ones(tmp_path, ckpt):
+    a = ckpt(1)
+    b = ckpt(2)
+    c = ckpt(3)
+    # Any object with WarmStartSettings' fields works (TensorFlow >= 2.16 has no
+    # tf.estimator), as do the same fields as arguments.
+    settings = _Settings([a, b, c], [".*", ["user"], ["item", "mlp/w"]], None, [{}, {}, {}])
     out = _sessrun_warm(settings)
     _assert_table_from(out, "user", b)   # path 2 overrides path 1 for user
     _assert_table_from(out, "item", c)   # path 3 overrides path 1 for item
@@ -196,11 +231,12 @@ def test_multi_path_later_paths_override_earlier_ones(tmp_path):
     assert not np.array_equal(_ckpt_dense(a, "mlp/w"), _ckpt_dense(c, "mlp/w"))
 
 
-def test_renamed_tables_single_and_per_path(tmp_path):
-    old = _make_ckpt(tmp_path / "old", seed=4, names={"user": "users_v1", "item": "items_v1"})
-    a = _make_ckpt(tmp_path / "a", seed=1)
+def test_renamed_tables_single_and_per_path(tmp_path, ckpt):
+    old = ckpt(4, {"user": "users_v1", "item": "items_v1"})
+    a = ckpt(1)
     out = _sessrun_warm(WS(old, ["user", "item", "mlp/w"],
-                           var_name_to_prev_var_name={"user": "users_v1", "item": "items_v1"}))
+                           var_name_to_prev_var_name={"user": "users_v1", "item": "items_v1"}),
+                        use_function="args")
     _assert_table_from(out, "user", old, prev="users_v1")
     _assert_table_from(out, "item", old, prev="items_v1")
     np.testing.assert_array_equal(out["mlp/w"], _ckpt_dense(old, "mlp/w"))
@@ -259,9 +295,9 @@ def _est_model_fn(modify=False, out=None, seed=9):
     return model_fn
 
 
-def test_estimator_warm_start_single_path_and_list_form(tmp_path):
-    a = _make_ckpt(tmp_path / "a", seed=1)
-    b = _make_ckpt(tmp_path / "b", seed=2)
+def test_estimator_warm_start_single_path_and_list_form(tmp_path, ckpt):
+    a = ckpt(1)
+    b = ckpt(2)
     # Single path, standard settings, plain tf.estimator.Estimator.
     out = {}
     est = tf.estimator.Estimator(_est_model_fn(out=out), str(tmp_path / "m1"),
@@ -299,9 +335,9 @@ def test_estimator_warm_start_single_path_and_list_form(tmp_path):
         assert out[name][3] == 2  # the two steps trained, restored with the table
 
 
-def test_estimator_warm_start_with_graph_modifier_hook_equals_plain(tmp_path):
+def test_estimator_warm_start_with_graph_modifier_hook_equals_plain(tmp_path, ckpt):
     # The pipeline that sends ids ahead must start after the tables are loaded.
-    a = _make_ckpt(tmp_path / "a", seed=1)
+    a = ckpt(1)
     results = {}
     for modify in (False, True):
         dynemb.clear_tables()

@@ -214,13 +214,16 @@ def _split_selection(entry: _Entry, tables: Dict[str, embedding.EmbeddingTable],
                                      f"'{entry.given}') is not a table name of the model nor a "
                                      f"valid regular expression: {e}") from None
             hits = [t for t in tables if rx.fullmatch(t)]
-            scope = (tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES if not isinstance(spec, list)
-                     else tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            # TensorFlow: a string looks at trainable variables, a list at all.
+            listed = isinstance(spec, (list, tuple))
+            scope = (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES if listed
+                     else tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
             if not hits and not tf.compat.v1.get_collection(scope, scope=item):
                 raise WarmStartError(
                     f"warm start: vars_to_warm_start entry {item!r} (checkpoint "
-                    f"'{entry.given}') matches no table and no variable of the model; tables "
-                    f"of the model: {sorted(tables)}")
+                    f"'{entry.given}') matches no table and no "
+                    f"{'' if listed else 'trainable '}variable of the model; tables of the "
+                    f"model: {sorted(tables)}")
             chosen.extend(hits)
             dense_str.append(item)
         else:

@@ -1,0 +1,173 @@
+"""CPU cost of the embedding ops of one training step: dynemb vs TF native.
+
+    .venv/bin/python bench/tf_op_costs.py --json [--batch-size 1024 --dim 16]
+
+Companion of bench/tf_train.py: it explains its figures op by op. The step of the
+Criteo Wide&Deep model touches 27 tables (26 deep tables with --batch-size ids,
+one wide table with 26 x --batch-size field-aware ids). Each group of ops below is
+built for all 27 tables on real Criteo batches and run alone, in one thread
+(intra- and inter-op parallelism 1), after the tables hold every id of the data;
+its cost is the process CPU time per batch minus that of feeding the same inputs
+to a no-op. dynemb's groups are the ones automatic graph modification builds
+(dynemb.graph.rewrite); native's are what tf.nn.embedding_lookup and
+tf.compat.v1.train.AdagradOptimizer run.
+
+  dynemb (pipeline)  prepare          DynembPrepare (admission count, insert, stamp)
+                     trainable_keys   concat + boolean_mask + unique + sort
+  dynemb (step)      lookup           DynembLookup, read-only
+                     admitted_mask    tf.where(admitted, rows, default)
+                     apply_filter     searchsorted in the trainable keys + 2 boolean_mask
+                     apply            DynembApply (Adagrad)
+  native (step)      hash             floormod
+                     gather           ResourceGather
+                     sparse_adagrad   Unique + UnsortedSegmentSum + ResourceSparseApplyAdagrad
+
+Each figure is the median of --rounds rounds of --runs batches. The last line of
+stdout is one JSON object (--json); progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tf_train  # noqa: E402  (data preparation and table names)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--data", default=None)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--batches", type=int, default=32)
+    p.add_argument("--runs", type=int, default=40, help="batches per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--access-threshold", type=int, default=2)
+    args = p.parse_args(argv)
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with tempfile.TemporaryDirectory(prefix="dynemb_op_costs_") as tmp:
+        data_file = os.path.join(tmp, "batches.npz")
+        info = tf_train.prepare_data(args.data, args.batch_size, args.batches, 1, data_file)
+        import numpy as np
+        z = np.load(data_file)
+        arrays = {k: z[k] for k in z.files}
+    import tensorflow as tf
+    import dynemb
+    from dynemb.graph import rewrite
+    from dynemb.optimizers import adagrad
+
+    tf.get_logger().setLevel("ERROR")
+    tf.compat.v1.disable_eager_execution()
+    dynemb.init(use_dynamic_expansion=True)
+    B, names = args.batch_size, list(tf_train.CAT_NAMES) + ["wide"]
+    dims = [args.dim] * tf_train.NUM_CAT + [1]
+    sizes = [B] * tf_train.NUM_CAT + [B * tf_train.NUM_CAT]
+    wide = np.stack([arrays[n] + (i << 33) for i, n in enumerate(tf_train.CAT_NAMES)], axis=2)
+    batches = [[arrays[n][b] for n in tf_train.CAT_NAMES] + [wide[b].reshape(-1)]
+               for b in range(args.batches)]
+    ids = [tf.compat.v1.placeholder(tf.int64, [n], name=f"ids_{t}") for n, t in zip(sizes, names)]
+    keys = [tf.compat.v1.placeholder(tf.int64, [None], name=f"keys_{t}") for t in names]
+    rng = np.random.default_rng(0)
+    grads = [tf.constant(rng.standard_normal((n, d)).astype(np.float32) * 0.01)
+             for n, d in zip(sizes, dims)]
+
+    opt = adagrad.create_hash_optimizer(learning_rate=0.05, initial_accumulator_value=0.1)
+    tables = [dynemb.create_table(tf.int64, d, t, tf.compat.v1.truncated_normal_initializer(
+        stddev=0.05, seed=i), optimizer_list=[opt]) for i, (t, d) in enumerate(zip(names, dims))]
+    from dynemb.core.embedding import set_access_threshold
+    for t in names:
+        set_access_threshold(args.access_threshold, emb_name=t)
+    now = tf.constant(0, tf.int64)
+    ops = dynemb._lib.ops
+    lr = tf.constant(0.05)
+    admitted = [rewrite.prepare(t, i, now) for t, i in zip(names, ids)]
+    lookups = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, table_name=t, is_train=False)
+               for t, i, tb in zip(names, ids, tables)]
+    ones = [tf.ones([n], tf.bool) for n in sizes]  # steady state: every id admitted
+
+    def masked(lk, adm, d):
+        return tf.where(tf.reshape(adm, [-1, 1]), lk, tf.zeros([d]))
+
+    def filtered(i, g, k):
+        keep = rewrite.in_sorted(i, k)
+        return [tf.boolean_mask(i, keep), tf.boolean_mask(g, keep)]
+
+    native_vars = [tf.compat.v1.get_variable(f"native_{t}", [2**18 if t != "wide" else 2**22, d],
+                                             initializer=tf.compat.v1.zeros_initializer())
+                   for t, d in zip(names, dims)]
+    hashed = [tf.math.floormod(i, v.shape[0]) for i, v in zip(ids, native_vars)]
+    native_adagrad = tf.compat.v1.train.AdagradOptimizer(0.05, initial_accumulator_value=0.1)
+    groups = {
+        "dynemb.prepare": admitted,
+        "dynemb.prepare+trainable_keys": [rewrite.trainable_keys([i], [a])
+                                          for i, a in zip(ids, admitted)],
+        "dynemb.lookup": lookups,
+        "dynemb.lookup+admitted_mask": [masked(lk, a, d) for lk, a, d in zip(lookups, ones, dims)],
+        "dynemb.apply_filter": [filtered(i, g, k) for i, g, k in zip(ids, grads, keys)],
+        "dynemb.apply": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr, table_name=t)
+                         for i, g, t in zip(ids, grads, names)],
+        "native.hash": hashed,
+        "native.hash+gather": [tf.nn.embedding_lookup(v, h) for v, h in zip(native_vars, hashed)],
+        "native.hash+sparse_adagrad": native_adagrad.apply_gradients(
+            [(tf.IndexedSlices(g, h), v) for g, h, v in zip(grads, hashed, native_vars)]),
+    }
+    conf = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                    inter_op_parallelism_threads=1)
+    feeds = [{**dict(zip(ids, b)), **{k: np.unique(x) for k, x in zip(keys, b)}}
+             for b in batches]
+    cost = {}
+    with tf.compat.v1.Session(config=conf) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(max(args.access_threshold, 1)):  # every id gets its row
+            for f in feeds:
+                sess.run(admitted, f)
+        for name, fetch in [("feed", tf.no_op())] + list(groups.items()):
+            for f in feeds[:5]:
+                sess.run(fetch, f)
+            rounds = []
+            for r in range(args.rounds):
+                c0 = time.process_time()
+                for i in range(args.runs):
+                    sess.run(fetch, feeds[(r * args.runs + i) % len(feeds)])
+                rounds.append(1000.0 * (time.process_time() - c0) / args.runs)
+            cost[name] = statistics.median(rounds)
+            print(f"[tf_op_costs] {name:32s} {cost[name] - cost.get('feed', 0):6.2f} CPU ms/batch",
+                  file=sys.stderr, flush=True)
+    feed = cost.pop("feed")
+    c = {k: v - feed for k, v in cost.items()}
+    result = {
+        "benchmark": "tf_op_costs", "unit": "CPU ms per batch (27 tables), one thread",
+        "dynemb": {
+            "pipeline.prepare": c["dynemb.prepare"],
+            "pipeline.trainable_keys": c["dynemb.prepare+trainable_keys"] - c["dynemb.prepare"],
+            "step.lookup": c["dynemb.lookup"],
+            "step.admitted_mask": c["dynemb.lookup+admitted_mask"] - c["dynemb.lookup"],
+            "step.apply_filter": c["dynemb.apply_filter"],
+            "step.apply": c["dynemb.apply"],
+        },
+        "native": {
+            "step.hash": c["native.hash"],
+            "step.gather": c["native.hash+gather"] - c["native.hash"],
+            "step.sparse_adagrad": c["native.hash+sparse_adagrad"] - c["native.hash"],
+        },
+        "config": {"batch_size": B, "dim": args.dim, "ids_per_batch": sum(sizes),
+                   "access_threshold": args.access_threshold, "runs": args.runs,
+                   "rounds": args.rounds, "statistic": "median", "feed_ms": feed, **info},
+    }
+    for side in ("dynemb", "native"):
+        result[side] = {k: round(v, 3) for k, v in result[side].items()}
+        result[side]["total"] = round(sum(result[side].values()), 3)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
