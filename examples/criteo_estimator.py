@@ -103,7 +103,7 @@ def evaluate(est, args, path) -> tuple:
 
 def rows() -> int:
     names = list(criteo_data.CAT_NAMES) + ["wide"]
-    return sum(dynemb._lib.table_stats(n)["size"] for n in names)  # pylint: disable=protected-access
+    return sum(dynemb._lib.table_stats(n)["size"] for n in names)  # noqa: SLF001
 
 
 def run_day(name, args, path, model_dir, part, warm_start_from=None) -> dict:

@@ -75,7 +75,8 @@ def build_model(features: Dict[str, tf.Tensor], label: Optional[tf.Tensor], tabl
     return tf.sigmoid(logits), loss
 
 
-def train_op(loss: tf.Tensor, sparse_opt: Any, global_step: Optional[tf.Tensor] = None) -> tf.Operation:
+def train_op(loss: tf.Tensor, sparse_opt: Any,
+             global_step: Optional[tf.Tensor] = None) -> tf.Operation:
     """Adam on the dense variables, the tables' sparse optimizer on the embeddings
     (one backward pass for both); increments `global_step` when given."""
     dense_vars, sparse_vars = dynemb.get_dense_and_sparse_variable()

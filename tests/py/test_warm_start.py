@@ -48,10 +48,11 @@ def _model(features, labels, names=None, seed=1, is_train=True, modify=False):
     ei = dynemb.sparse_lookup(tabs["item"], features["item"], is_train=is_train,
                               modify_graph=modify)
     with tf.compat.v1.variable_scope("mlp"):
-        w = tf.compat.v1.get_variable("w", [5, 1], initializer=tf.compat.v1.random_uniform_initializer(
-            -0.5, 0.5, seed=seed))
+        w = tf.compat.v1.get_variable(
+            "w", [5, 1], initializer=tf.compat.v1.random_uniform_initializer(-0.5, 0.5, seed=seed))
     with tf.compat.v1.variable_scope("out"):
-        b = tf.compat.v1.get_variable("b", [1], initializer=tf.compat.v1.constant_initializer(0.1 * seed))
+        b = tf.compat.v1.get_variable("b", [1],
+                                      initializer=tf.compat.v1.constant_initializer(0.1 * seed))
     logits = tf.matmul(tf.concat([tf.reduce_sum(eu, 1), ei], 1), w)[:, 0] + b
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     if not is_train:
@@ -179,7 +180,7 @@ def _assert_fresh(out, name):
     assert len(out[name][0]) == 0, f"table {name} was warm-started"
 
 
-def test_single_path_tables_and_dense_from_the_checkpoint(tmp_path, ckpt):
+def test_single_path_tables_and_dense_from_the_checkpoint(ckpt):
     a = ckpt(1)
     out = _sessrun_warm(WS(a))  # vars_to_warm_start='.*': everything
     for name in DIMS:
@@ -201,7 +202,7 @@ def test_single_path_tables_and_dense_from_the_checkpoint(tmp_path, ckpt):
     (["item", "mlp/.*"], {"item"}, {"mlp/w"}),     # tables and dense regexes together
     (".*", {"user", "item"}, set(DENSE)),
 ])
-def test_selection_by_name_regex_and_list(tmp_path, ckpt, sel, tables, dense):
+def test_selection_by_name_regex_and_list(ckpt, sel, tables, dense):
     a = ckpt(1)
     out = _sessrun_warm(WS(a, vars_to_warm_start=sel), seed=9)
     for name in DIMS:
@@ -214,7 +215,7 @@ def test_selection_by_name_regex_and_list(tmp_path, ckpt, sel, tables, dense):
         assert same == (v in dense), v
 
 
-def test_multi_path_later_paths_override_earlier_ones(tmp_path, ckpt):
+def test_multi_path_later_paths_override_earlier_ones(ckpt):
     a = ckpt(1)
     b = ckpt(2)
     c = ckpt(3)
@@ -231,7 +232,7 @@ def test_multi_path_later_paths_override_earlier_ones(tmp_path, ckpt):
     assert not np.array_equal(_ckpt_dense(a, "mlp/w"), _ckpt_dense(c, "mlp/w"))
 
 
-def test_renamed_tables_single_and_per_path(tmp_path, ckpt):
+def test_renamed_tables_single_and_per_path(ckpt):
     old = ckpt(4, {"user": "users_v1", "item": "items_v1"})
     a = ckpt(1)
     out = _sessrun_warm(WS(old, ["user", "item", "mlp/w"],
@@ -250,9 +251,10 @@ def test_renamed_tables_single_and_per_path(tmp_path, ckpt):
 def test_missing_table_is_a_clear_error(tmp_path):
     only_user = tmp_path / "u"
     dynemb.clear_tables()
-    with tf.Graph().as_default():  # a checkpoint holding table 'user' only
-        t = dynemb.create_table(tf.int64, 3, "user", tf.compat.v1.zeros_initializer())
-        e = dynemb.sparse_lookup(t, tf.constant([1, 2], tf.int64))
+    with tf.Graph().as_default():  # a checkpoint holding tables 'user' and 'wide5' only
+        for name, dim in (("user", 3), ("wide5", 5)):
+            t = dynemb.create_table(tf.int64, dim, name, tf.compat.v1.zeros_initializer())
+            e = dynemb.sparse_lookup(t, tf.constant([1, 2], tf.int64))
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session() as s:
             s.run(e)
@@ -265,7 +267,9 @@ def test_missing_table_is_a_clear_error(tmp_path):
             _sessrun_warm(settings)
         msg = str(err.value)
         assert f"table '{table}'" in msg and str(only_user / "m") in msg, msg
-        assert "tables there: ['user']" in msg, msg
+        assert "tables there: ['user', 'wide5']" in msg, msg
+    with pytest.raises(dynemb.WarmStartError, match="table 'item' has dim 2 but table 'wide5'"):
+        _sessrun_warm(WS(str(only_user), "item", var_name_to_prev_var_name={"item": "wide5"}))
     with pytest.raises(dynemb.WarmStartError, match="matches no table and no variable"):
         _sessrun_warm(WS(str(only_user), ["no_such_table"]))
     with pytest.raises(dynemb.WarmStartError, match="one entry per path"):

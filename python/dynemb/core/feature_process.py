@@ -49,7 +49,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
         self.evicted_total = 0
 
     def begin(self) -> None:
-        self._evict = None
+        self._evict, self._wall_now = None, None
         if not self.evict_enable:
             return
         graph = tf.compat.v1.get_default_graph()
@@ -69,7 +69,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
                 if data_time:
                     now = _latest_data_time(trained[name]["op"], name)
                 elif cfg["eviction_clock"] == "wall":
-                    if self._wall_now is None or self._wall_now.graph is not graph:
+                    if self._wall_now is None:  # the hook's clock, fed at eviction
                         self._wall_now = tf.compat.v1.placeholder(tf.int64, [], name="wall_now")
                     now = self._wall_now
                 else:
@@ -93,9 +93,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
             self._last_step = int(session.run(self._global_step))
 
     def before_run(self, run_context):
-        if self._evict is None:
-            return None
-        if self._global_step is None:
+        if self._evict is None or self._global_step is None:
             return None
         return tf.compat.v1.train.SessionRunArgs({"step": self._global_step})
 
@@ -125,7 +123,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
         if self._evict is None:
             return 0
         feed = {}
-        if self._wall_now is not None and self._wall_now.graph is self._evict.graph:
+        if self._wall_now is not None:
             feed[self._wall_now] = int(self._clock() if now is None else now)
         counts = session.run(self._evicted, feed_dict=feed)
         n = int(sum(int(c) for c in counts))
@@ -138,8 +136,8 @@ def _latest_data_time(lookup_op: tf.Operation, table_name: str) -> tf.Tensor:
     """A local variable holding the largest clock value `lookup_op` has stamped
     (its `now` input), updated whenever the lookup runs; returns its value."""
     now = lookup_op.inputs[1]
-    with tf.compat.v1.variable_scope(None, default_name=embedding._op_name(table_name)  # pylint: disable=protected-access
-                                     + "_data_time"):
+    scope = embedding._op_name(table_name) + "_data_time"  # pylint: disable=protected-access
+    with tf.compat.v1.variable_scope(None, default_name=scope):
         latest = tf.compat.v1.get_variable(
             "latest", [], tf.int64, initializer=tf.compat.v1.zeros_initializer(),
             trainable=False, use_resource=True,

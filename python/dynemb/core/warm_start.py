@@ -280,7 +280,8 @@ def _stamp(table: embedding.EmbeddingTable, graph: tf.Graph) -> Optional[tf.Tens
 
 def _import_op(table: embedding.EmbeddingTable, src: _TableSource, graph: tf.Graph) -> tf.Operation:
     names = [f"dynemb/{src.prev_name}/{f}" for f in embedding.EXPORT_FIELDS]
-    with tf.name_scope(embedding._op_name(table.table_name) + "_warm_start"):  # pylint: disable=protected-access
+    scope = embedding._op_name(table.table_name) + "_warm_start"  # pylint: disable=protected-access
+    with tf.name_scope(scope):
         with tf.device("/cpu:0"):
             got = tf.raw_ops.RestoreV2(prefix=src.entry.prefix, tensor_names=names,
                                        shape_and_slices=[""] * len(names),
@@ -327,7 +328,8 @@ def warm_start(ckpt_to_initialize_from: Any, vars_to_warm_start: Any = ".*",
     """
     if _is_settings(ckpt_to_initialize_from):
         s = ckpt_to_initialize_from
-        ckpt_to_initialize_from, vars_to_warm_start = s.ckpt_to_initialize_from, s.vars_to_warm_start
+        ckpt_to_initialize_from = s.ckpt_to_initialize_from
+        vars_to_warm_start = s.vars_to_warm_start
         var_name_to_vocab_info, var_name_to_prev_var_name = (s.var_name_to_vocab_info,
                                                              s.var_name_to_prev_var_name)
     graph = sess.graph if sess is not None else tf.compat.v1.get_default_graph()
