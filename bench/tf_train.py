@@ -379,7 +379,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--steps", type=int, default=200, help="timed steps per measurement")
     p.add_argument("--warmup", type=int, default=30, help="untimed steps first")
-    p.add_argument("--repeats", type=int, default=3, help="measurements per variant (median)")
+    p.add_argument("--repeats", type=int, default=5, help="measurements per variant (median)")
     p.add_argument("--access-threshold", type=int, default=2,
                    help="dynemb admission threshold (the demo's default: 2)")
     p.add_argument("--dynemb-mode", choices=("modify_graph", "plain"), default="modify_graph",
