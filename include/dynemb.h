@@ -208,6 +208,18 @@ DYNEMB_API int dynemb_table_set_access_threshold(dynemb_table *t,
 DYNEMB_API int dynemb_table_set_eviction_threshold(dynemb_table *t,
                                                    int64_t threshold);
 
+/* Replaces the value that lookups return for keys without a row (`dim`
+ * floats, copied; NULL means zeros), e.g. a serving default. Errors:
+ * EINVAL (a NaN/Inf element). */
+DYNEMB_API int dynemb_table_set_default_value(dynemb_table *t,
+                                              const float *value);
+
+/* The table clock: the latest `now` passed to a TRAIN lookup or prepare, or
+ * stamped on an imported row or candidate (0 for a new table). Callers whose
+ * clock is data time (timestamps in the samples) evict with
+ * dynemb_evict(t, DYNEMB_NOW_TABLE_CLOCK, ...) to use it. */
+DYNEMB_API int64_t dynemb_table_clock(dynemb_table *t);
+
 /* ------------------------------------------------------------------------ */
 /* Lookup, apply, evict                                                      */
 /* ------------------------------------------------------------------------ */
@@ -262,8 +274,12 @@ DYNEMB_API int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
                             const float *grads, float learning_rate,
                             dynemb_apply_stats *stats);
 
+/* `now` value for dynemb_evict meaning "the table clock". */
+#define DYNEMB_NOW_TABLE_CLOCK (-1)
+
 /* Removes rows and admission candidates whose last access is more than
- * eviction_threshold before `now`; their memory is reused by later inserts.
+ * eviction_threshold before `now` (DYNEMB_NOW_TABLE_CLOCK: the table
+ * clock); their memory is reused by later inserts.
  * Does nothing when eviction_threshold is 0. *evicted (may be NULL) gets the
  * number of rows removed. Errors: EINVAL (now out of range). */
 DYNEMB_API int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted);

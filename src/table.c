@@ -283,6 +283,14 @@ void dynemb_widen_keys(const int32_t *in, size_t n, int64_t *out) {
   for (size_t i = 0; i < n; i++) out[i] = (int64_t)in[i];
 }
 
+/* Raises the table clock to `now` (never lowers it). */
+static void clock_advance(dynemb_table *t, uint32_t now) {
+  uint32_t cur = LOAD(&t->clock);
+  while (cur < now && !__atomic_compare_exchange_n(&t->clock, &cur, now, 1,
+                                                   RELAXED, RELAXED)) {
+  }
+}
+
 static int check_now(const dynemb_table *t, int64_t now) {
   if (now < 0 || now > MAX_NOW)
     return dynemb_error_set(DYNEMB_EINVAL,
@@ -618,6 +626,7 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
                      (uint32_t)now, out ? out + off * (size_t)t->dim : NULL,
                      admitted ? admitted + off : NULL, &lc);
   }
+  if (mode == DYNEMB_LOOKUP_TRAIN) clock_advance(t, (uint32_t)now);
   ADD(&t->n_lookups, (uint64_t)n);
   if (lc.hits) ADD(&t->n_hits, lc.hits);
   if (lc.inserted) ADD(&t->n_inserted, lc.inserted);
@@ -937,6 +946,7 @@ int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
   dynemb_error_clear();
   if (evicted) *evicted = 0;
   if (!t) return null_table("dynemb_evict");
+  if (now == DYNEMB_NOW_TABLE_CLOCK) now = (int64_t)LOAD(&t->clock);
   int rc = check_now(t, now);
   if (rc) return rc;
   int64_t thr = LOAD(&t->eviction_threshold);
@@ -1348,6 +1358,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
       }
     }
     uint64_t rows_after = 0;
+    uint32_t max_la = 0; /* the table clock follows the imported stamps */
     for (size_t i = 0; i < nr; i++) {
       size_t src = rsel[i].v;
       int64_t key = snap->keys[src];
@@ -1363,6 +1374,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
       } else {
         e->last_access = la;
       }
+      if (la > max_la) max_la = la;
       float *row = row_of(sh, e->loc);
       const float *from = snap->values + src * srf;
       if (emb_only) {
@@ -1386,6 +1398,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
       uint32_t cnt = snap->cand_counts[src];
       if (cnt >= DYNEMB_LOC_EMPTY) cnt = DYNEMB_LOC_EMPTY - 1;
       uint32_t la = snap->cand_last_access ? snap->cand_last_access[src] : 0;
+      if (la > max_la) max_la = la;
       dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);
       if (!c)
         dynemb_index_insert(&sh->cands, key, h, cnt, la);
@@ -1397,10 +1410,36 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
     for (uint32_t s = 0; s < t->nshards; s++) rows_after += t->shards[s].rows.count;
     STORE(&t->rows_total, rows_after);
     if (!(flags & DYNEMB_IMPORT_KEEP_STEPS)) STORE(&t->apply_steps, snap->apply_steps);
+    clock_advance(t, max_la);
   }
   unlock_all(t);
   free(rsel);
   free(csel);
   free(need);
   return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Run-time settings: default value, clock                                   */
+/* ------------------------------------------------------------------------ */
+
+int dynemb_table_set_default_value(dynemb_table *t, const float *value) {
+  dynemb_error_clear();
+  if (!t) return null_table("dynemb_table_set_default_value");
+  if (value)
+    for (int i = 0; i < t->dim; i++)
+      if (!isfinite(value[i]))
+        return dynemb_error_set(DYNEMB_EINVAL,
+                                "table '%s': default value element %d is "
+                                "%g; pass finite numbers",
+                                t->name, i, (double)value[i]);
+  /* Lookups read the default under a shard lock: hold them all to write. */
+  lock_all(t, 1);
+  for (int i = 0; i < t->dim; i++) t->default_value[i] = value ? value[i] : 0.0f;
+  unlock_all(t);
+  return DYNEMB_OK;
+}
+
+int64_t dynemb_table_clock(dynemb_table *t) {
+  return t ? (int64_t)LOAD(&t->clock) : 0;
 }

@@ -45,6 +45,7 @@ struct dynemb_table {
   uint32_t access_threshold;
   int64_t eviction_threshold;
   uint64_t apply_steps;
+  uint32_t clock; /* latest `now` of train lookups / imported rows */
   uint64_t rows_total; /* rows, maintained only when host budget != 0 */
   uint64_t n_lookups, n_hits, n_inserted, n_rejected, n_evicted,
       n_evicted_cands, n_applied, n_dropped, n_nonfinite;
