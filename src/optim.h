@@ -1,8 +1,8 @@
 /*
  * optim.h -- sparse optimizer math on one row (internal).
  *
- * A row is `dim` embedding floats followed by the optimizer's slots, each
- * `dim` floats (see row layout in table.c). These functions know only the
+ * A row is `dim` embedding floats plus the optimizer's slots, each `dim`
+ * floats (the table stores them apart, see table.c). These know only the
  * math: they update one row given the summed gradient of that row, exactly
  * as TensorFlow's kernels do (ApplyGradientDescent, ApplyAdagrad,
  * Adam with beta powers, ApplyFtrlV2), so dynemb tables train to the same
@@ -29,9 +29,36 @@ int dynemb_optim_validate(const dynemb_optimizer *o, const char *table_name);
 /* Writes the initial slot values of a new row (slots = row + dim). */
 void dynemb_optim_init_slots(const dynemb_optimizer *o, float *slots, int dim);
 
-/* Updates one row with gradient `grad` (dim floats). `lr` is the learning
- * rate for this step; `step` is the 1-based optimizer step (Adam's bias
- * correction uses beta^step). */
+/* Everything about one optimizer step that does not depend on the row:
+ * computed once per apply call (dynemb_optim_prepare), so that the per-row
+ * loop does no pow() and no per-row scalar setup. The float values are
+ * computed exactly as the per-row code used to, so results do not change. */
+typedef struct dynemb_optim_step {
+  int kind;
+  float lr;
+  float alpha;        /* ADAM: lr * sqrt(1 - beta2^t) / (1 - beta1^t) */
+  float one_minus_b1; /* ADAM: 1 - beta1 */
+  float one_minus_b2; /* ADAM: 1 - beta2 */
+  float epsilon;      /* ADAM */
+  float lr_power;     /* FTRL: learning_rate_power (<= 0) */
+  float l1, l2, l2_shrinkage; /* FTRL */
+} dynemb_optim_step;
+
+/* Fills *s for one step: `lr` is the learning rate for this step; `step`
+ * is the 1-based optimizer step (Adam's bias correction uses beta^step). */
+void dynemb_optim_prepare(const dynemb_optimizer *o, float lr, uint64_t step,
+                          dynemb_optim_step *s);
+
+/* Updates one row: `var` (dim embedding floats) and its optimizer slots
+ * `slots` (slot_count * dim floats, in the layout above), with gradient
+ * `grad`. The three ranges must not overlap (they are restrict, so the
+ * loops vectorize). */
+void dynemb_optim_apply_row(const dynemb_optim_step *s, float *restrict var,
+                            float *restrict slots, const float *restrict grad,
+                            int dim);
+
+/* Updates one row laid out as `dim` embedding floats followed by the slots
+ * (prepare + apply_row; for tests and one-off callers). */
 void dynemb_optim_apply(const dynemb_optimizer *o, float *row,
                         const float *grad, int dim, float lr, uint64_t step);
 
