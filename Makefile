@@ -28,7 +28,7 @@ COMPAT_LOCK := tf/requirements-tf219.txt
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 BASEFLAGS:= -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -fPIC -fvisibility=hidden -pthread $(WARN)
-CFLAGS   ?= -O2 -g
+CFLAGS   ?= -O2 -g -fno-math-errno -fvect-cost-model=dynamic
 LDLIBS   := -lz -lm -pthread
 
 ENGINE_SRC := $(wildcard src/*.c)
@@ -116,6 +116,9 @@ test: all c-tests
 demo: all install-py
 	$(VPY) examples/criteo_demo.py
 
+demo-estimator: all install-py
+	$(VPY) examples/criteo_estimator.py
+
 bench: all
 	./build/dynemb bench --rows 4000000 --dim 64 --batch 65536 --dist uniform --threads 2 --json
 	./build/dynemb bench --rows 4000000 --dim 64 --batch 65536 --dist zipf:1.05 --threads 2 --json
@@ -123,7 +126,7 @@ bench: all
 clean:
 	rm -rf build
 
-.PHONY: all c-tests venv compat-venv ops install-py test demo bench clean
+.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench clean
 
 # --- TensorFlow training benchmark (bench/tf_train.py) -------------------------
 # TFRA needs its own TensorFlow, so it gets its own virtualenv; where pip cannot

@@ -142,8 +142,8 @@ size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p) {
 
 /* ---- arena ------------------------------------------------------------------ */
 
-static uint32_t full_shift_for(size_t row_floats) {
-  size_t row_bytes = row_floats * sizeof(float);
+static uint32_t full_shift_for(size_t emb_floats) {
+  size_t row_bytes = emb_floats * sizeof(float);
   uint32_t s = 0;
   while (s < MAX_FULL_SHIFT && ((size_t)2 << s) * row_bytes <= FULL_CHUNK_BYTES)
     s++;
@@ -152,17 +152,21 @@ static uint32_t full_shift_for(size_t row_floats) {
 
 static size_t round64(size_t b) { return (b + 63) & ~(size_t)63; }
 
-size_t dynemb_arena_max_chunk_bytes(size_t row_floats) {
-  return round64(((size_t)1 << full_shift_for(row_floats)) * row_floats *
+size_t dynemb_arena_max_chunk_bytes(size_t emb_floats, size_t part_floats) {
+  return round64(((size_t)1 << full_shift_for(emb_floats)) * part_floats *
                  sizeof(float));
 }
 
-void dynemb_arena_init(dynemb_arena *a, size_t row_floats,
-                       dynemb_slab_pool *pool) {
+void dynemb_arena_init(dynemb_arena *a, size_t emb_floats,
+                       size_t slot_floats, dynemb_slab_pool *pool,
+                       dynemb_slab_pool *slot_pool) {
   memset(a, 0, sizeof *a);
   a->pool = pool;
-  a->row_floats = row_floats;
-  a->full_shift = full_shift_for(row_floats);
+  a->slot_pool = slot_pool;
+  a->emb_floats = emb_floats;
+  a->slot_floats = slot_floats;
+  a->cstride = slot_floats ? 2 : 1;
+  a->full_shift = full_shift_for(emb_floats);
   a->first_shift = a->full_shift > SMALL_STEPS ? a->full_shift - SMALL_STEPS : 0;
   a->free_head = DYNEMB_ARENA_NO_SLOT;
 }
@@ -174,13 +178,14 @@ static uint64_t chunk_rows(const dynemb_arena *a, uint32_t c) {
   return UINT64_C(1) << a->full_shift;
 }
 
-static size_t chunk_bytes(const dynemb_arena *a, uint32_t c) {
-  return round64((size_t)chunk_rows(a, c) * a->row_floats * sizeof(float));
+static size_t chunk_bytes(const dynemb_arena *a, uint32_t c,
+                          size_t part_floats) {
+  return round64((size_t)chunk_rows(a, c) * part_floats * sizeof(float));
 }
 
 void dynemb_arena_free(dynemb_arena *a) {
   free(a->chunks);
-  dynemb_arena_init(a, a->row_floats, a->pool);
+  dynemb_arena_init(a, a->emb_floats, a->slot_floats, a->pool, a->slot_pool);
 }
 
 void dynemb_arena_clear_keep(dynemb_arena *a) {
@@ -194,14 +199,25 @@ static int add_chunk(dynemb_arena *a) {
   if (a->slots + rows > DYNEMB_ARENA_MAX_SLOTS) return DYNEMB_ECAPACITY;
   if (a->nchunks == a->chunks_cap) {
     uint32_t nc = a->chunks_cap ? a->chunks_cap * 2 : 8;
-    float **p = realloc(a->chunks, nc * sizeof *p);
+    float **p = realloc(a->chunks, (size_t)nc * a->cstride * sizeof *p);
     if (!p) return DYNEMB_ENOMEM;
     a->chunks = p;
     a->chunks_cap = nc;
   }
-  float *chunk = dynemb_slab_alloc(a->pool, chunk_bytes(a, a->nchunks));
+  /* If the slot chunk fails, the embedding chunk stays with the pool
+   * unused (the pool is a bump allocator); only out-of-memory gets here. */
+  float *chunk = dynemb_slab_alloc(a->pool,
+                                   chunk_bytes(a, a->nchunks, a->emb_floats));
   if (!chunk) return DYNEMB_ENOMEM;
-  a->chunks[a->nchunks++] = chunk;
+  float *slots = NULL;
+  if (a->slot_floats) {
+    slots = dynemb_slab_alloc(a->slot_pool,
+                              chunk_bytes(a, a->nchunks, a->slot_floats));
+    if (!slots) return DYNEMB_ENOMEM;
+  }
+  a->chunks[(size_t)a->nchunks * a->cstride] = chunk;
+  if (slots) a->chunks[(size_t)a->nchunks * 2 + 1] = slots;
+  a->nchunks++;
   a->slots += rows;
   return DYNEMB_OK;
 }
@@ -237,5 +253,5 @@ void dynemb_arena_release(dynemb_arena *a, uint32_t slot) {
 }
 
 size_t dynemb_arena_bytes(const dynemb_arena *a) {
-  return (size_t)a->chunks_cap * sizeof(float *);
+  return (size_t)a->chunks_cap * a->cstride * sizeof(float *);
 }

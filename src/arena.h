@@ -1,24 +1,36 @@
 /*
  * arena.h -- chunked row storage of one shard (host DRAM tier).
  *
- * Rows have a fixed size (row_floats floats), so a shard stores them in
- * chunks that are allocated once and never moved or realloc'ed: growing a
- * table never copies rows and a row's address is stable while it lives.
- * Only the small array of chunk pointers grows.
+ * Rows have a fixed size, so a shard stores them in chunks that are
+ * allocated once and never moved or realloc'ed: growing a table never
+ * copies rows and a row's address is stable while it lives. Only the small
+ * array of chunk pointers grows.
+ *
+ * A row has two parts kept in parallel chunks with the same slot numbers:
+ * the embedding (emb_floats) and the optimizer slots (slot_floats, may be
+ * 0). Lookups copy only embeddings, so with the parts apart they read
+ * dense 256-byte rows (at dim 64) out of embedding-only huge pages instead
+ * of every third part of 768-byte Adam rows (whose neighbouring lines the
+ * hardware prefetchers would also pull in); apply touches both parts, the
+ * same number of cache lines as before. The two chunk pointers of a chunk
+ * sit next to each other, so finding both parts costs one cache line.
  *
  * Chunk sizes: the first chunks double in size (1/16, 1/16, 1/8, 1/4, 1/2
  * of a full chunk) so that small tables with many shards stay small, then
- * every chunk is full size (about 32 KiB, a power of two of rows). A slot
+ * every chunk is full size (about 32 KiB of embeddings, a power of two of
+ * rows; the slot chunk has as many rows). A slot
  * number maps to (chunk, offset) with a shift or a count-leading-zeros.
  *
- * Chunk memory comes from the table's slab pool: 2 MiB-aligned regions
+ * Chunk memory comes from the table's slab pools (one for embedding chunks,
+ * one for slot chunks): 2 MiB-aligned regions
  * mapped with MADV_HUGEPAGE and carved into chunks, so that random row
  * accesses over gigabytes of rows do not miss the TLB on every row. The
  * pool owns the memory; a shard's arena only points into it. Slabs are
  * released all at once (table clear / destroy).
  *
  * Slots freed by eviction form an intrusive free list (the next free slot
- * is stored in the freed row's first bytes), reused before new slots.
+ * is stored in the freed row's first embedding bytes), reused before new
+ * slots.
  * Slots are limited to 30 bits (see the location encoding in index.h).
  * Not thread-safe: the shard lock protects an arena.
  */
@@ -55,29 +67,36 @@ size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p);
 #define DYNEMB_ARENA_NO_SLOT UINT32_MAX
 
 typedef struct dynemb_arena {
-  dynemb_slab_pool *pool; /* where chunks come from (owns their memory) */
-  float **chunks;       /* [nchunks] */
-  uint32_t nchunks, chunks_cap;
+  dynemb_slab_pool *pool;      /* embedding chunks (owns their memory) */
+  dynemb_slab_pool *slot_pool; /* slot chunks; unused if slot_floats == 0 */
+  float **chunks;       /* [nchunks * cstride]: embedding chunk, then (if
+                           cstride == 2) the slot chunk of the same rows */
+  uint32_t nchunks, chunks_cap; /* chunks_cap counts chunks, not pointers */
   uint32_t full_shift;  /* a full chunk has 1 << full_shift rows */
   uint32_t first_shift; /* the first chunk has 1 << first_shift rows */
-  size_t row_floats;
+  uint32_t cstride;     /* pointers per chunk: 1 (no slots) or 2 */
+  size_t emb_floats;    /* embedding floats per row */
+  size_t slot_floats;   /* optimizer slot floats per row (0: none) */
   uint64_t slots;       /* slots in allocated chunks (capacity) */
   uint64_t bumped;      /* slots ever handed out from the chunks, in order */
   uint32_t free_head;   /* first free-listed slot or DYNEMB_ARENA_NO_SLOT */
   uint64_t free_count;  /* free-listed slots */
 } dynemb_arena;
 
-void dynemb_arena_init(dynemb_arena *a, size_t row_floats,
-                       dynemb_slab_pool *pool);
-/* Bytes of the largest chunk an arena of this row size asks for. */
-size_t dynemb_arena_max_chunk_bytes(size_t row_floats);
+void dynemb_arena_init(dynemb_arena *a, size_t emb_floats,
+                       size_t slot_floats, dynemb_slab_pool *pool,
+                       dynemb_slab_pool *slot_pool);
+/* Bytes of the largest chunk of one part (`part_floats` per row) that an
+ * arena with `emb_floats` embedding floats per row asks for. */
+size_t dynemb_arena_max_chunk_bytes(size_t emb_floats, size_t part_floats);
 /* Forgets every row and chunk (the memory stays with the pool). */
 void dynemb_arena_free(dynemb_arena *a);
 /* Forgets every row, keeping the chunks (the slots become reusable). */
 void dynemb_arena_clear_keep(dynemb_arena *a);
 
 /* Chunk index and row offset of `slot`. */
-static inline float *dynemb_arena_row(const dynemb_arena *a, uint32_t slot) {
+static inline void dynemb_arena_locate(const dynemb_arena *a, uint32_t slot,
+                                       uint32_t *chunk, uint32_t *offset) {
   uint32_t full = UINT32_C(1) << a->full_shift;
   uint32_t c, off;
   if (slot >= full) {
@@ -91,7 +110,22 @@ static inline float *dynemb_arena_row(const dynemb_arena *a, uint32_t slot) {
     c = lg - a->first_shift + 1;
     off = slot - (UINT32_C(1) << lg);
   }
-  return a->chunks[c] + (size_t)off * a->row_floats;
+  *chunk = c;
+  *offset = off;
+}
+
+/* The embedding of `slot`. */
+static inline float *dynemb_arena_row(const dynemb_arena *a, uint32_t slot) {
+  uint32_t c, off;
+  dynemb_arena_locate(a, slot, &c, &off);
+  return a->chunks[(size_t)c * a->cstride] + (size_t)off * a->emb_floats;
+}
+
+/* The optimizer slots of `slot` (only if slot_floats > 0). */
+static inline float *dynemb_arena_slots(const dynemb_arena *a, uint32_t slot) {
+  uint32_t c, off;
+  dynemb_arena_locate(a, slot, &c, &off);
+  return a->chunks[(size_t)c * 2 + 1] + (size_t)off * a->slot_floats;
 }
 
 /* Free slots (free list plus untouched slots of allocated chunks). */

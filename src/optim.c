@@ -112,52 +112,61 @@ void dynemb_optim_init_slots(const dynemb_optimizer *o, float *slots,
   }
 }
 
-static void apply_sgd(float *var, const float *g, int dim, float lr) {
+/* The per-row loops below take restrict pointers and a prepared step, and
+ * the engine is built with -fno-math-errno, so that sqrtf is one
+ * instruction and the compiler vectorizes them. Vectorizing does not
+ * reassociate or fuse anything (no -ffast-math, and -std=c11 turns FP
+ * contraction off), so every element gets exactly the scalar result. */
+
+static void apply_sgd(float *restrict var, const float *restrict g, int dim,
+                      float lr) {
   for (int i = 0; i < dim; i++) var[i] -= lr * g[i];
 }
 
 /* ApplyAdagrad (update_slots): accum += g^2; var -= lr * g / sqrt(accum). */
-static void apply_adagrad(float *var, const float *g, int dim, float lr) {
-  float *accum = var + dim;
+static void apply_adagrad(float *restrict var, float *restrict accum,
+                          const float *restrict g, int dim, float lr) {
   for (int i = 0; i < dim; i++) {
-    accum[i] += g[i] * g[i];
-    var[i] -= lr * g[i] / sqrtf(accum[i]);
+    float a = accum[i] + g[i] * g[i];
+    accum[i] = a;
+    var[i] -= lr * g[i] / sqrtf(a);
   }
 }
 
-/* Adam with bias correction folded into the step size, as TF's ApplyAdam:
- * alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t). */
-static void apply_adam(const dynemb_optimizer *o, float *var, const float *g,
-                       int dim, float lr, uint64_t step) {
-  float *m = var + dim, *v = var + 2 * dim;
-  double t = (double)(step ? step : 1);
-  float beta1_power = (float)pow((double)o->beta1, t);
-  float beta2_power = (float)pow((double)o->beta2, t);
-  float alpha = lr * sqrtf(1.0f - beta2_power) / (1.0f - beta1_power);
-  float one_minus_b1 = 1.0f - o->beta1, one_minus_b2 = 1.0f - o->beta2;
+/* Adam with bias correction folded into the step size, as TF's ApplyAdam
+ * (alpha is prepared once per step, see dynemb_optim_prepare). */
+static void apply_adam(const dynemb_optim_step *s, float *restrict var,
+                       float *restrict m, float *restrict v,
+                       const float *restrict g, int dim) {
+  const float alpha = s->alpha, omb1 = s->one_minus_b1,
+              omb2 = s->one_minus_b2, eps = s->epsilon;
   for (int i = 0; i < dim; i++) {
-    m[i] += (g[i] - m[i]) * one_minus_b1;
-    v[i] += (g[i] * g[i] - v[i]) * one_minus_b2;
-    var[i] -= (m[i] * alpha) / (sqrtf(v[i]) + o->epsilon);
+    float gi = g[i];
+    float mi = m[i] + (gi - m[i]) * omb1;
+    float vi = v[i] + (gi * gi - v[i]) * omb2;
+    m[i] = mi;
+    v[i] = vi;
+    var[i] -= (mi * alpha) / (sqrtf(vi) + eps);
   }
 }
 
 /* ApplyFtrlV2 (l2_shrinkage; with l2_shrinkage = 0 it equals ApplyFtrl). */
-static void apply_ftrl(const dynemb_optimizer *o, float *var, const float *g,
-                       int dim, float lr) {
-  float *accum = var + dim, *linear = var + 2 * dim;
-  const float p = o->learning_rate_power;
+static void apply_ftrl(const dynemb_optim_step *s, float *restrict var,
+                       float *restrict accum, float *restrict linear,
+                       const float *restrict g, int dim) {
+  const float p = s->lr_power, lr = s->lr, l1 = s->l1, l2 = s->l2,
+              l2s = s->l2_shrinkage;
   const int is_sqrt = (p == -0.5f);
   for (int i = 0; i < dim; i++) {
-    float g_shrink = g[i] + 2.0f * o->l2_shrinkage * var[i];
+    float g_shrink = g[i] + 2.0f * l2s * var[i];
     float new_accum = accum[i] + g[i] * g[i];
     float new_pow = is_sqrt ? sqrtf(new_accum) : powf(new_accum, -p);
     float old_pow = is_sqrt ? sqrtf(accum[i]) : powf(accum[i], -p);
     linear[i] += g_shrink - (new_pow - old_pow) / lr * var[i];
-    float quadratic = new_pow / lr + 2.0f * o->l2;
-    if (fabsf(linear[i]) > o->l1) {
+    float quadratic = new_pow / lr + 2.0f * l2;
+    if (fabsf(linear[i]) > l1) {
       float sign = linear[i] > 0.0f ? 1.0f : (linear[i] < 0.0f ? -1.0f : 0.0f);
-      var[i] = (sign * o->l1 - linear[i]) / quadratic;
+      var[i] = (sign * l1 - linear[i]) / quadratic;
     } else {
       var[i] = 0.0f;
     }
@@ -165,13 +174,46 @@ static void apply_ftrl(const dynemb_optimizer *o, float *var, const float *g,
   }
 }
 
-void dynemb_optim_apply(const dynemb_optimizer *o, float *row,
-                        const float *grad, int dim, float lr, uint64_t step) {
-  switch (o->kind) {
-  case DYNEMB_OPT_SGD: apply_sgd(row, grad, dim, lr); break;
-  case DYNEMB_OPT_ADAGRAD: apply_adagrad(row, grad, dim, lr); break;
-  case DYNEMB_OPT_ADAM: apply_adam(o, row, grad, dim, lr, step); break;
-  case DYNEMB_OPT_FTRL: apply_ftrl(o, row, grad, dim, lr); break;
+void dynemb_optim_prepare(const dynemb_optimizer *o, float lr, uint64_t step,
+                          dynemb_optim_step *s) {
+  s->kind = o->kind;
+  s->lr = lr;
+  s->alpha = lr;
+  s->one_minus_b1 = 1.0f - o->beta1;
+  s->one_minus_b2 = 1.0f - o->beta2;
+  s->epsilon = o->epsilon;
+  s->lr_power = o->learning_rate_power;
+  s->l1 = o->l1;
+  s->l2 = o->l2;
+  s->l2_shrinkage = o->l2_shrinkage;
+  if (o->kind == DYNEMB_OPT_ADAM) {
+    /* alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t), TF's ApplyAdam */
+    double t = (double)(step ? step : 1);
+    float beta1_power = (float)pow((double)o->beta1, t);
+    float beta2_power = (float)pow((double)o->beta2, t);
+    s->alpha = lr * sqrtf(1.0f - beta2_power) / (1.0f - beta1_power);
+  }
+}
+
+void dynemb_optim_apply_row(const dynemb_optim_step *s, float *restrict var,
+                            float *restrict slots, const float *restrict grad,
+                            int dim) {
+  switch (s->kind) {
+  case DYNEMB_OPT_SGD: apply_sgd(var, grad, dim, s->lr); break;
+  case DYNEMB_OPT_ADAGRAD: apply_adagrad(var, slots, grad, dim, s->lr); break;
+  case DYNEMB_OPT_ADAM:
+    apply_adam(s, var, slots, slots + dim, grad, dim);
+    break;
+  case DYNEMB_OPT_FTRL:
+    apply_ftrl(s, var, slots, slots + dim, grad, dim);
+    break;
   default: break;
   }
+}
+
+void dynemb_optim_apply(const dynemb_optimizer *o, float *row,
+                        const float *grad, int dim, float lr, uint64_t step) {
+  dynemb_optim_step s;
+  dynemb_optim_prepare(o, lr, step, &s);
+  dynemb_optim_apply_row(&s, row, row + dim, grad, dim);
 }

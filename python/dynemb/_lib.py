@@ -94,6 +94,7 @@ _SIGS = {
     "dynemb_table_get_config": (None, [_P, ctypes.POINTER(TableConfig)]),
     "dynemb_table_set_access_threshold": (ctypes.c_int, [_P, ctypes.c_uint32]),
     "dynemb_table_set_eviction_threshold": (ctypes.c_int, [_P, ctypes.c_int64]),
+    "dynemb_table_set_default_value": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_float)]),
     "dynemb_table_get_stats": (None, [_P, ctypes.POINTER(TableStats)]),
     "dynemb_table_size": (ctypes.c_uint64, [_P]),
     "dynemb_table_capacity": (ctypes.c_uint64, [_P]),

@@ -160,3 +160,18 @@ def test_no_gradient_with_is_grad_false_or_eval():
     b = dynemb.sparse_lookup(t, tf.constant([2], tf.int64), is_train=False)
     _, sparse = dynemb.get_dense_and_sparse_variable()
     assert tf.gradients(tf.reduce_sum(a) + tf.reduce_sum(b), sparse) == [None]
+
+
+def test_serving_default_value_for_unknown_ids():
+    t = _table("served", dim=3)
+    train = dynemb.sparse_lookup(t, tf.constant([1, 2], tf.int64))
+    ev = dynemb.sparse_lookup(t, tf.constant([1, 99], tf.int64), is_train=False,
+                              serving_default_value=[0.5, -1.0, 2.0])
+    with tf.compat.v1.Session() as s:
+        s.run(train)
+        v = s.run(ev)
+    np.testing.assert_array_equal(v[0], [0.25, 0.25, 0.25])  # a real row
+    np.testing.assert_array_equal(v[1], [0.5, -1.0, 2.0])    # unknown id
+    with pytest.raises(ValueError, match="served.*dim 3"):
+        dynemb.sparse_lookup(t, tf.constant([1], tf.int64), is_train=False,
+                             serving_default_value=[1.0, 2.0])

@@ -25,6 +25,7 @@ import weakref
 import zlib
 from typing import Any, Optional
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
@@ -463,10 +464,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                          "call create_table() again inside this graph (same arguments "
                          "reuse the table)" % tname)
     if serving_default_value is not None:
-        raise NotImplementedError(
-            "sparse_lookup('%s'): serving_default_value needs an engine setter for a "
-            "table's default value, which this version lacks; ids without a row read "
-            "zeros" % tname)
+        _set_default_value(hashtable, serving_default_value)
     if type(ids).__name__ == "FeatureSpec":
         # Explicit FeatureSpec mode: the spec's ids come from `batch` (the
         # dataset mapped by get_asc_insert_func); dynemb.core.asc sets the
@@ -530,6 +528,35 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                        "op": lookup_op, "is_train": bool(is_train),
                        "modify_graph": bool(modify_graph), "send_count": send_count})
     return out
+
+
+def _set_default_value(table: EmbeddingTable, value: Any) -> None:
+    """serving_default_value: what lookups of `table` return for ids without a
+    row (eval lookups of unknown ids, ids not admitted yet); a scalar or `dim`
+    numbers, known when the graph is built."""
+    tname = table.table_name
+    v = tf.get_static_value(value) if tf.is_tensor(value) else value
+    if v is None:
+        raise ValueError("sparse_lookup('%s'): serving_default_value must be known when "
+                         "the graph is built (a number, a list or a constant tensor)" % tname)
+    arr = np.asarray(v, dtype=np.float32)
+    if arr.ndim == 0:
+        arr = np.full([table.dim], arr, np.float32)
+    arr = arr.reshape(-1)
+    if arr.size != table.dim:
+        raise ValueError("sparse_lookup('%s'): serving_default_value has %d numbers but the "
+                         "table has dim %d; pass a scalar or %d numbers"
+                         % (tname, arr.size, table.dim, table.dim))
+    h = _lib.find_table(tname)
+    if h is None:
+        raise ValueError("sparse_lookup('%s'): the table is no longer registered "
+                         "(dropped?); create it again" % tname)
+    try:
+        buf = (ctypes.c_float * table.dim)(*arr.tolist())
+        _lib.check(_lib.clib.dynemb_table_set_default_value(h, buf),
+                   "sparse_lookup('%s') serving_default_value" % tname)
+    finally:
+        _lib.clib.dynemb_table_release(h)
 
 
 def _static_ids(ids: tf.Tensor, send_count: int, tname: str) -> tf.Tensor:
