@@ -4,7 +4,10 @@
  *
  * Row layout (this file is the only one that knows it): a row is
  * row_floats = dim * (1 + slots) floats: the `dim` embedding floats, then
- * the optimizer's `slots` slot vectors of `dim` floats each (optim.h).
+ * the optimizer's `slots` slot vectors of `dim` floats each (optim.h). In
+ * memory the two parts live in parallel arena chunks (arena.h), so that
+ * lookups read embeddings only; snapshots and imports use the joined
+ * layout.
  *
  * Concurrency (each shard has a writer-preferring rwlock; every path that
  * holds several shard locks takes them in ascending order, so there is no
@@ -165,9 +168,16 @@ int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out) {
   t->access_threshold = cfg->access_threshold;
   t->eviction_threshold = cfg->eviction_threshold;
   t->refs = 1;
+  const size_t emb_f = (size_t)t->dim, slot_f = (size_t)t->dim * t->slots;
   if (dynemb_slab_pool_init(&t->pool,
-                            dynemb_arena_max_chunk_bytes((size_t)t->row_floats)))
+                            dynemb_arena_max_chunk_bytes(emb_f, emb_f)))
     goto nomem;
+  if (dynemb_slab_pool_init(&t->slot_pool,
+                            dynemb_arena_max_chunk_bytes(emb_f,
+                                                         slot_f ? slot_f : 1))) {
+    dynemb_slab_pool_destroy(&t->pool);
+    goto nomem;
+  }
   t->shards = aligned_alloc(64, t->nshards * sizeof *t->shards);
   if (!t->shards) goto nomem_pool;
   /* Writer preference: a stream of multi-shard readers (batched lookups,
@@ -193,13 +203,14 @@ int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out) {
     double stagger = (double)s / (double)t->nshards;
     dynemb_index_init(&sh->rows, stagger);
     dynemb_index_init(&sh->cands, stagger);
-    dynemb_arena_init(&sh->arena, (size_t)t->row_floats, &t->pool);
+    dynemb_arena_init(&sh->arena, emb_f, slot_f, &t->pool, &t->slot_pool);
   }
   pthread_rwlockattr_destroy(&attr);
   *out = t;
   return DYNEMB_OK;
 nomem_pool:
   dynemb_slab_pool_destroy(&t->pool);
+  dynemb_slab_pool_destroy(&t->slot_pool);
 nomem:
   if (t) {
     free(t->name);
@@ -224,6 +235,7 @@ void dynemb_table_destroy(dynemb_table *t) {
     }
     free(t->shards);
     dynemb_slab_pool_destroy(&t->pool);
+    dynemb_slab_pool_destroy(&t->slot_pool);
   }
   free(t->name);
   free(t->default_value);
@@ -376,8 +388,14 @@ static inline void prefetch_lines(const void *p, size_t bytes, int rw) {
   }
 }
 
+/* The embedding of the row at `loc`. */
 static inline float *row_of(const dynemb_shard *sh, uint32_t loc) {
   return dynemb_arena_row(&sh->arena, DYNEMB_LOC_SLOT(loc));
+}
+
+/* The optimizer slots of the row at `loc` (tables with slots only). */
+static inline float *slots_of(const dynemb_shard *sh, uint32_t loc) {
+  return dynemb_arena_slots(&sh->arena, DYNEMB_LOC_SLOT(loc));
 }
 
 static inline void stamp(dynemb_index_entry *e, uint32_t now) {
@@ -430,7 +448,9 @@ static int insert_row(dynemb_table *t, dynemb_shard *sh, int64_t key,
   }
   float *row = dynemb_arena_row(&sh->arena, slot);
   dynemb_init_row(&t->cfg.init, key, row, t->dim);
-  if (t->slots) dynemb_optim_init_slots(&t->cfg.optimizer, row + t->dim, t->dim);
+  if (t->slots)
+    dynemb_optim_init_slots(&t->cfg.optimizer,
+                            dynemb_arena_slots(&sh->arena, slot), t->dim);
   *out = dynemb_index_insert(&sh->rows, key, h,
                              DYNEMB_LOC(DYNEMB_TIER_HOST, slot), now);
   if (sh->cands.count) { /* a key is never both a row and a candidate */
@@ -858,7 +878,11 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
 
   /* Phase B: update the rows. */
   const uint64_t step = __atomic_add_fetch(&t->apply_steps, 1, RELAXED);
-  const size_t row_bytes = (size_t)t->row_floats * sizeof(float);
+  dynemb_optim_step ostep; /* lr, Adam's alpha ...: once per call */
+  dynemb_optim_prepare(&t->cfg.optimizer, lr, step, &ostep);
+  const size_t emb_bytes = dim * sizeof(float);
+  const size_t slot_bytes = (size_t)t->slots * dim * sizeof(float);
+  static float no_slots[1]; /* never written: SGD has no slots */
   for (uint32_t s = 0; s < t->nshards; s++) {
     uint32_t a = useg[s], b = useg[s + 1];
     if (a == b) continue;
@@ -880,12 +904,16 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
     for (uint32_t k = a; k < b; k++) {
       if (k + ROW_PF < b && !u[k + ROW_PF].skip) {
         /* the row, and the gradient (scattered in the caller's array) */
-        prefetch_lines(row_of(sh, (uint32_t)u[k + ROW_PF].hash), row_bytes, 1);
-        prefetch_lines(u[k + ROW_PF].grad, dim * sizeof(float), 0);
+        uint32_t loc = (uint32_t)u[k + ROW_PF].hash;
+        prefetch_lines(row_of(sh, loc), emb_bytes, 1);
+        if (slot_bytes) prefetch_lines(slots_of(sh, loc), slot_bytes, 1);
+        prefetch_lines(u[k + ROW_PF].grad, emb_bytes, 0);
       }
       if (u[k].skip) continue;
-      dynemb_optim_apply(&t->cfg.optimizer, row_of(sh, (uint32_t)u[k].hash),
-                         u[k].grad, t->dim, lr, step);
+      uint32_t loc = (uint32_t)u[k].hash;
+      dynemb_optim_apply_row(&ostep, row_of(sh, loc),
+                             slot_bytes ? slots_of(sh, loc) : no_slots,
+                             u[k].grad, t->dim);
       n_applied++;
     }
     pthread_rwlock_unlock(&sh->lock);
@@ -980,6 +1008,7 @@ void dynemb_table_clear(dynemb_table *t) {
     dynemb_arena_free(&sh->arena);
   }
   dynemb_slab_pool_release(&t->pool);
+  dynemb_slab_pool_release(&t->slot_pool);
   STORE(&t->rows_total, 0);
   unlock_all(t);
 }
@@ -1005,7 +1034,8 @@ void dynemb_table_get_stats(dynemb_table *t, dynemb_table_stats *st) {
              dynemb_arena_bytes(&sh->arena);
     pthread_rwlock_unlock(&sh->lock);
   }
-  st->bytes = bytes + dynemb_slab_pool_bytes(&t->pool);
+  st->bytes = bytes + dynemb_slab_pool_bytes(&t->pool) +
+             dynemb_slab_pool_bytes(&t->slot_pool);
   st->lookups = LOAD(&t->n_lookups);
   st->hits = LOAD(&t->n_hits);
   st->inserted = LOAD(&t->n_inserted);
@@ -1178,8 +1208,12 @@ int dynemb_table_snapshot(dynemb_table *t, dynemb_snapshot *snap) {
       dynemb_index_entry *e = entry_of(t, 0, order[i].v);
       snap->keys[i] = e->key;
       snap->last_access[i] = LOAD(&e->last_access);
-      memcpy(snap->values + i * rf,
-             row_of(&t->shards[order[i].v >> 40], e->loc), rf * sizeof(float));
+      const dynemb_shard *sh = &t->shards[order[i].v >> 40];
+      float *to = snap->values + i * rf;
+      memcpy(to, row_of(sh, e->loc), (size_t)t->dim * sizeof(float));
+      if (rf > (size_t)t->dim)
+        memcpy(to + t->dim, slots_of(sh, e->loc),
+               (rf - (size_t)t->dim) * sizeof(float));
     }
     collect(t, 1, order);
     ok = radix_sort(order, cands) == DYNEMB_OK;
@@ -1377,12 +1411,14 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
       if (la > max_la) max_la = la;
       float *row = row_of(sh, e->loc);
       const float *from = snap->values + src * srf;
-      if (emb_only) {
-        memcpy(row, from, (size_t)t->dim * sizeof(float));
-        if (t->slots)
-          dynemb_optim_init_slots(&t->cfg.optimizer, row + t->dim, t->dim);
-      } else {
-        memcpy(row, from, rf * sizeof(float));
+      memcpy(row, from, (size_t)t->dim * sizeof(float));
+      if (t->slots) {
+        if (emb_only)
+          dynemb_optim_init_slots(&t->cfg.optimizer, slots_of(sh, e->loc),
+                                  t->dim);
+        else
+          memcpy(slots_of(sh, e->loc), from + t->dim,
+                 (rf - (size_t)t->dim) * sizeof(float));
       }
       if (sh->cands.count) {
         dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);

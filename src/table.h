@@ -6,7 +6,8 @@
  * dynemb_key_shard(key, nshards)); each shard has its own rwlock, so
  * lookups/applies on different shards never contend and a rehash stalls one
  * shard only. Row layout (known only by table.c): `dim` embedding floats,
- * then dynemb_optim_slot_count(kind) * dim optimizer slot floats.
+ * then dynemb_optim_slot_count(kind) * dim optimizer slot floats, the two
+ * parts stored in parallel arena chunks (arena.h).
  *
  * Lifetime: registry.c owns the name -> table map and the reference count;
  * it calls dynemb_table_new / dynemb_table_destroy.
@@ -39,7 +40,8 @@ struct dynemb_table {
   uint32_t nshards;
   uint32_t shard_bits; /* nshards = 1 << shard_bits */
   dynemb_shard *shards;
-  dynemb_slab_pool pool; /* row chunk memory of every shard */
+  dynemb_slab_pool pool;      /* embedding chunk memory of every shard */
+  dynemb_slab_pool slot_pool; /* optimizer slot chunk memory (if slots) */
 
   /* Run-time settings and counters: relaxed __atomic accesses. */
   uint32_t access_threshold;

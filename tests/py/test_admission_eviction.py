@@ -51,6 +51,15 @@ def test_set_threshold_at_run_time():
         dynemb.ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(1, emb_name=t.table_name)
         s.run(train, {ids: [1]})
         assert t.size() == 1
+        # by FeatureSpec name (ids_name), as mxRec scripts call it
+        dynemb.FeatureSpec("feat_for_threshold", table_name=t.table_name)
+        dynemb.ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(
+            9, ids_name="feat_for_threshold")
+        s.run(train, {ids: [2]})
+        assert t.size() == 1  # id 2 now needs 9 sightings
+        with pytest.raises(ValueError, match="no_such_feature"):
+            dynemb.ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(
+                1, ids_name="no_such_feature")
 
 
 def test_eviction_by_global_step_with_evict_hook():

@@ -582,9 +582,18 @@ def _static_ids(ids: tf.Tensor, send_count: int, tname: str) -> tf.Tensor:
 def set_access_threshold(threshold: int, emb_name: Optional[str] = None,
                          ids_name: Optional[str] = None) -> None:
     """Changes the admission threshold of a table at run time."""
-    if ids_name is not None and emb_name is None:
-        raise NotImplementedError("set_threshold(ids_name=%r): FeatureSpec names need the "
-                                  "dynemb.core.asc pipeline; pass emb_name" % ids_name)
+    if ids_name is not None:
+        from dynemb.core.asc.feature_spec import table_of_feature
+        table = table_of_feature(ids_name)
+        if table is None:
+            raise ValueError("set_threshold(ids_name=%r): no FeatureSpec of that name; pass "
+                             "the name of a FeatureSpec(..., table_name=...) or emb_name"
+                             % ids_name)
+        if emb_name is not None and emb_name != table:
+            raise ValueError("set_threshold(emb_name=%r, ids_name=%r): FeatureSpec %r feeds "
+                             "table %r, not %r" % (emb_name, ids_name, ids_name, table,
+                                                  emb_name))
+        emb_name = table
     names = [emb_name] if emb_name else sorted(_HANDLES)
     for n in names:
         h = _lib.find_table(n)

@@ -35,6 +35,16 @@ def _nonneg_int(owner: str, field: str, v: Any) -> Optional[int]:
     return v
 
 
+# Feature name -> table name of the latest FeatureSpec of that name, so that
+# set_threshold(ids_name=...) can find the table of a feature.
+_TABLE_OF_SPEC: Dict[str, str] = {}
+
+
+def table_of_feature(ids_name: str) -> Optional[str]:
+    """The table that FeatureSpec `ids_name` feeds, or None if no such spec."""
+    return _TABLE_OF_SPEC.get(ids_name)
+
+
 class FeatureSpec:
     """One id feature of the batch and the table it feeds.
 
@@ -79,6 +89,8 @@ class FeatureSpec:
         # Batch key of the timestamp spec of the insert function this spec was
         # given to (set by get_asc_insert_func), or None.
         self.timestamp_key: Optional[Any] = None
+        if self.table_name is not None:
+            _TABLE_OF_SPEC[name] = self.table_name
 
     @property
     def access_and_evict_config(self) -> Optional[Dict[str, int]]:
