@@ -14,6 +14,7 @@
 
 #include "cmds.h"
 #include "dynemb.h"
+#include "optim.h" /* dynemb_optim_name */
 
 static void ckpt_usage(FILE *f) {
   fprintf(f,
@@ -25,15 +26,6 @@ static void ckpt_usage(FILE *f) {
           "  verify    read every file of DIR and check all checksums\n");
 }
 
-static const char *optimizer_name(int kind) {
-  switch (kind) {
-  case DYNEMB_OPT_SGD: return "sgd";
-  case DYNEMB_OPT_ADAGRAD: return "adagrad";
-  case DYNEMB_OPT_ADAM: return "adam";
-  case DYNEMB_OPT_FTRL: return "ftrl";
-  default: return "unknown";
-  }
-}
 
 /* Table names may hold any byte: show control bytes and backslashes
  * escaped so one table stays on one line. */
@@ -110,7 +102,7 @@ static int cmd_inspect(const char *dir, int json) {
              "\"format_version\": %d, \"apply_steps\": %" PRIu64
              ", \"file_bytes\": %" PRIu64 "}",
              e[i].rows, e[i].candidates, e[i].dim, e[i].row_floats,
-             optimizer_name(e[i].optimizer_kind), e[i].format_version,
+             dynemb_optim_name(e[i].optimizer_kind), e[i].format_version,
              e[i].apply_steps, e[i].file_bytes);
     }
     printf("%s]}\n", n ? "\n" : "");
@@ -125,7 +117,7 @@ static int cmd_inspect(const char *dir, int json) {
       printf("%12" PRIu64 " %12" PRIu64 " %6d %-9s %6d %12" PRIu64
              " %14" PRIu64 "  %-20s ",
              e[i].rows, e[i].candidates, e[i].dim,
-             optimizer_name(e[i].optimizer_kind), e[i].format_version,
+             dynemb_optim_name(e[i].optimizer_kind), e[i].format_version,
              e[i].apply_steps, e[i].file_bytes, e[i].file);
       print_text_name(e[i].name);
       putchar('\n');
