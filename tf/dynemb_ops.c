@@ -260,6 +260,29 @@ static int set_scalar_output(TF_OpKernelContext *ctx, int i, int64_t v) {
   return 0;
 }
 
+/* The ids of `ids` (n > 0 elements) as int64: the tensor's own data, or
+ * int32 ids widened into *wide (malloc'ed; the caller frees it). NULL after
+ * failing the kernel (wrong dtype, out of memory). */
+static const int64_t *ids_as_int64(TF_OpKernelContext *ctx, const kstate *k,
+                                   TF_Tensor *ids, int64_t n, const char *op,
+                                   int64_t **wide) {
+  if (TF_TensorType(ids) == TF_INT64) return TF_TensorData(ids);
+  if (TF_TensorType(ids) != TF_INT32) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb %s: table '%s': ids must be "
+         "int32 or int64; cast them with tf.cast(ids, tf.int64)", op,
+         k->table_name);
+    return NULL;
+  }
+  *wide = malloc((size_t)n * sizeof **wide);
+  if (!*wide) {
+    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb %s: table '%s': out of memory "
+         "widening %lld int32 ids", op, k->table_name, (long long)n);
+    return NULL;
+  }
+  dynemb_widen_keys(TF_TensorData(ids), (size_t)n, *wide);
+  return *wide;
+}
+
 /* ------------------------------------------------------------------------ */
 /* DynembLookup                                                              */
 /* ------------------------------------------------------------------------ */
@@ -278,24 +301,8 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const int64_t dims[2] = {n, dim};
   if (!(out = output(ctx, 0, TF_FLOAT, dims, 2, sizeof(float)))) goto done;
   if (n == 0) goto done;
-  const int64_t *keys;
-  if (TF_TensorType(ids) == TF_INT32) {
-    wide = malloc((size_t)n * sizeof *wide);
-    if (!wide) {
-      fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb lookup: table '%s': out of "
-           "memory widening %lld int32 ids", k->table_name, (long long)n);
-      goto done;
-    }
-    dynemb_widen_keys(TF_TensorData(ids), (size_t)n, wide);
-    keys = wide;
-  } else if (TF_TensorType(ids) == TF_INT64) {
-    keys = TF_TensorData(ids);
-  } else {
-    fail(ctx, TF_INVALID_ARGUMENT, "dynemb lookup: table '%s': ids must be "
-         "int32 or int64; cast them with tf.cast(ids, tf.int64)",
-         k->table_name);
-    goto done;
-  }
+  const int64_t *keys = ids_as_int64(ctx, k, ids, n, "lookup", &wide);
+  if (!keys) goto done;
   int rc = dynemb_lookup(t, keys, (size_t)n,
                          k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
                          now, TF_TensorData(out));
@@ -336,24 +343,8 @@ static void prepare_compute(void *p, TF_OpKernelContext *ctx) {
   if (!(out = output(ctx, 0, TF_BOOL, dims, nd, 1))) goto done;
   const int64_t n = TF_TensorElementCount(ids);
   if (n == 0) goto done;
-  const int64_t *keys;
-  if (TF_TensorType(ids) == TF_INT32) {
-    wide = malloc((size_t)n * sizeof *wide);
-    if (!wide) {
-      fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb prepare: table '%s': out of "
-           "memory widening %lld int32 ids", k->table_name, (long long)n);
-      goto done;
-    }
-    dynemb_widen_keys(TF_TensorData(ids), (size_t)n, wide);
-    keys = wide;
-  } else if (TF_TensorType(ids) == TF_INT64) {
-    keys = TF_TensorData(ids);
-  } else {
-    fail(ctx, TF_INVALID_ARGUMENT, "dynemb prepare: table '%s': ids must be "
-         "int32 or int64; cast them with tf.cast(ids, tf.int64)",
-         k->table_name);
-    goto done;
-  }
+  const int64_t *keys = ids_as_int64(ctx, k, ids, n, "prepare", &wide);
+  if (!keys) goto done;
   int rc = dynemb_prepare(t, keys, (size_t)n,
                           k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
                           now, TF_TensorData(out));
