@@ -49,6 +49,10 @@ class _GraphState:
         self.anchors: dict[str, "EmbeddingTable"] = {}  # anchor tensor name
         self.lookups: list[dict[str, Any]] = []
         self.evict_configs: dict[str, dict[str, Any]] = {}
+        # Latest train lookup op per table: the next one runs after it, so a
+        # table's admission counting follows the order of the lookups in the
+        # model, not TensorFlow's scheduling.
+        self.last_train_lookup: dict[str, tf.Operation] = {}
 
 
 _STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
@@ -502,8 +506,12 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         if send_count is not None:
             ids = _static_ids(ids, int(send_count), tname)
         now = _now_tensor(evict_cfg)
-        emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
-                                     table_name=tname, is_train=bool(is_train))
+        prev = st.last_train_lookup.get(tname) if is_train else None
+        with tf.control_dependencies([prev] if prev is not None else []):
+            emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
+                                         table_name=tname, is_train=bool(is_train))
+        if is_train:
+            st.last_train_lookup[tname] = emb.op
         emb.set_shape([ids.shape.num_elements(), dim])
         lookup_op = emb.op
         if not (is_train and is_grad):
