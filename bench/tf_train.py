@@ -289,9 +289,11 @@ def worker(cfg: Dict) -> Dict:
         for op in g["init"]:
             sess.run(op)
         out["build_s"] = round(time.time() - t0, 2)
-        losses = []
-        for _ in range(cfg["warmup"]):
-            losses.append(sess.run([g["loss"], g["train_op"]])[0])
+        # Warm-up ends with steps fetching exactly what the timed steps fetch: the
+        # first run of a new fetch set builds an executor (100-300 ms).
+        losses = [sess.run([g["loss"], g["train_op"]])[0]]
+        for _ in range(max(cfg["warmup"] - 1, 1)):
+            sess.run(g["train_op"])
         step_ms = []
         t1, c1 = time.perf_counter(), time.process_time()
         for _ in range(cfg["steps"]):
@@ -494,6 +496,14 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
     def ratio(a: str, b: str) -> Optional[float]:
         return round(median[a] / median[b], 3) if a in median and b in median else None
 
+    def paired(a: str, b: str) -> Optional[float]:
+        """Median over repeats of a/b within the same repeat (interleaved runs share
+        the machine's load of the moment)."""
+        if not (runs.get(a) and runs.get(b)):
+            return None
+        return round(statistics.median(x["samples_per_s"] / y["samples_per_s"]
+                                       for x, y in zip(runs[a], runs[b])), 3)
+
     result = {
         "benchmark": "tf_train",
         "dynemb_samples_per_s": round(median["dynemb"]) if "dynemb" in median else None,
@@ -502,6 +512,8 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
         "vs_tf_native": ratio("dynemb", "tf_native"),
         "vs_tfra": ratio("dynemb", "tfra"),
         "tfra_note": tfra_note,
+        "vs_tf_native_paired": paired("dynemb", "tf_native"),
+        "vs_tfra_paired": paired("dynemb", "tfra"),
         # Samples per CPU-second (all threads of the process): steadier than wall
         # time when other work shares the machine.
         "samples_per_cpu_s": {v: round(x) for v, x in per_cpu.items()},
