@@ -11,10 +11,15 @@
 
 #include "dynemb.h"
 
-#define FULL_CHUNK_BYTES (32u * 1024u)
+/* Bytes of a full chunk of whole rows (both parts together). Larger chunks
+ * mean a smaller chunk-pointer table to read per row, but more unused
+ * slots at the end of each shard's last chunk (counted as overhead):
+ * 48 KiB gives 64-row chunks for 768-byte Adam rows at dim 64. */
+#define FULL_CHUNK_BYTES (48u * 1024u)
 #define MAX_FULL_SHIFT 12u /* at most 4096 rows per chunk */
 #define SMALL_STEPS 4u     /* first chunk = full chunk / 2^SMALL_STEPS */
 #define HUGE_PAGE ((size_t)2 << 20)
+#define PREFAULT_MIN_BYTES ((size_t)16 << 20) /* see prefault */
 
 /* Sanitizer builds take slabs from malloc so that leak checking and
  * allocation tracking still see them. */
@@ -95,8 +100,15 @@ void *dynemb_slab_alloc(dynemb_slab_pool *p, size_t bytes) {
       p->slabs = q;
       p->slabs_cap = nc;
     }
-    char *s = map_slab(p->slab_bytes);
-    if (!s) goto out;
+    char *s = p->spare;
+    if (s) {
+      p->ready = s + p->spare_ready;
+      p->spare = NULL;
+      p->spare_ready = 0;
+    } else {
+      if (!(s = map_slab(p->slab_bytes))) goto out;
+      p->ready = s;
+    }
     p->slabs[p->nslabs++] = s;
     p->cur = s;
     p->left = p->slab_bytes;
@@ -112,10 +124,57 @@ out:
 void dynemb_slab_pool_release(dynemb_slab_pool *p) {
   pthread_mutex_lock(&p->mu);
   for (size_t i = 0; i < p->nslabs; i++) unmap_slab(p->slabs[i], p->slab_bytes);
+  if (p->spare) unmap_slab(p->spare, p->slab_bytes);
   p->nslabs = 0;
   p->cur = NULL;
   p->left = 0;
+  p->ready = NULL;
+  p->spare = NULL;
+  p->spare_ready = 0;
   pthread_mutex_unlock(&p->mu);
+}
+
+void dynemb_slab_pool_prefault(dynemb_slab_pool *p) {
+#if defined(SLAB_FROM_MALLOC) || !defined(MADV_POPULATE_WRITE)
+  (void)p; /* malloc'ed slabs (sanitizers) or an old kernel header */
+#else
+  char *from = NULL;
+  size_t len = 0;
+  pthread_mutex_lock(&p->mu);
+  /* Only pools that have grown past PREFAULT_MIN_BYTES: the memory
+   * populated ahead (up to about two huge pages) is then a small share, and
+   * small tables (many per process, e.g. one per feature) keep their
+   * footprint. Their calls fault in little memory anyway. */
+  if (p->nslabs * p->slab_bytes >= PREFAULT_MIN_BYTES) {
+    char *end = p->cur + p->left;
+    /* the huge page holding cur was faulted by the chunks before it */
+    char *up = (char *)(((uintptr_t)p->cur + HUGE_PAGE - 1) &
+                        ~(uintptr_t)(HUGE_PAGE - 1));
+    if (p->ready < up) p->ready = up;
+    if (p->ready < end) {
+      if ((size_t)(p->ready - p->cur) < HUGE_PAGE) {
+        from = p->ready;
+        len = (size_t)(end - from) < HUGE_PAGE ? (size_t)(end - from) : HUGE_PAGE;
+        p->ready += len;
+      }
+    } else if (p->left < HUGE_PAGE) { /* next slab: map it, populate a bit */
+      if (!p->spare) {
+        p->spare = map_slab(p->slab_bytes);
+        p->spare_ready = 0;
+      }
+      if (p->spare && p->spare_ready < HUGE_PAGE) {
+        from = p->spare + p->spare_ready;
+        len = HUGE_PAGE;
+        p->spare_ready += len;
+      }
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  /* Outside the mutex: populating never writes data, and slabs are only
+   * unmapped when the table is cleared or destroyed, after which an error
+   * here is harmless (the pages would just fault later). */
+  if (len) (void)madvise(from, len, MADV_POPULATE_WRITE);
+#endif
 }
 
 void dynemb_slab_pool_destroy(dynemb_slab_pool *p) {
@@ -133,17 +192,19 @@ size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p) {
   size_t b = p->slabs_cap * sizeof(void *);
   if (p->nslabs) {
     size_t used = p->slab_bytes - p->left;
-    b += (p->nslabs - 1) * p->slab_bytes +
-         (used + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    size_t touched = (used + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    size_t ready = (size_t)(p->ready - (char *)p->slabs[p->nslabs - 1]);
+    b += (p->nslabs - 1) * p->slab_bytes + (ready > touched ? ready : touched);
   }
+  b += p->spare_ready; /* populated ahead: memory held */
   pthread_mutex_unlock(&p->mu);
   return b;
 }
 
 /* ---- arena ------------------------------------------------------------------ */
 
-static uint32_t full_shift_for(size_t emb_floats) {
-  size_t row_bytes = emb_floats * sizeof(float);
+static uint32_t full_shift_for(size_t row_floats) {
+  size_t row_bytes = row_floats * sizeof(float);
   uint32_t s = 0;
   while (s < MAX_FULL_SHIFT && ((size_t)2 << s) * row_bytes <= FULL_CHUNK_BYTES)
     s++;
@@ -152,8 +213,8 @@ static uint32_t full_shift_for(size_t emb_floats) {
 
 static size_t round64(size_t b) { return (b + 63) & ~(size_t)63; }
 
-size_t dynemb_arena_max_chunk_bytes(size_t emb_floats, size_t part_floats) {
-  return round64(((size_t)1 << full_shift_for(emb_floats)) * part_floats *
+size_t dynemb_arena_max_chunk_bytes(size_t row_floats, size_t part_floats) {
+  return round64(((size_t)1 << full_shift_for(row_floats)) * part_floats *
                  sizeof(float));
 }
 
@@ -166,7 +227,7 @@ void dynemb_arena_init(dynemb_arena *a, size_t emb_floats,
   a->emb_floats = emb_floats;
   a->slot_floats = slot_floats;
   a->cstride = slot_floats ? 2 : 1;
-  a->full_shift = full_shift_for(emb_floats);
+  a->full_shift = full_shift_for(emb_floats + slot_floats);
   a->first_shift = a->full_shift > SMALL_STEPS ? a->full_shift - SMALL_STEPS : 0;
   a->free_head = DYNEMB_ARENA_NO_SLOT;
 }

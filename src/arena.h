@@ -17,8 +17,8 @@
  *
  * Chunk sizes: the first chunks double in size (1/16, 1/16, 1/8, 1/4, 1/2
  * of a full chunk) so that small tables with many shards stay small, then
- * every chunk is full size (about 32 KiB of embeddings, a power of two of
- * rows; the slot chunk has as many rows). A slot
+ * every chunk is full size (about 48 KiB of whole rows, a power of two of
+ * rows, split into an embedding chunk and a slot chunk). A slot
  * number maps to (chunk, offset) with a shift or a count-leading-zeros.
  *
  * Chunk memory comes from the table's slab pools (one for embedding chunks,
@@ -53,6 +53,9 @@ typedef struct dynemb_slab_pool {
   size_t slab_bytes;   /* size of each slab, a multiple of 2 MiB */
   void **slabs;        /* every slab, for release */
   size_t nslabs, slabs_cap;
+  char *ready;         /* the newest slab is populated up to here */
+  char *spare;         /* the next slab, mapped ahead by prefault, or NULL */
+  size_t spare_ready;  /* bytes of `spare` populated */
 } dynemb_slab_pool;
 
 /* `max_chunk_bytes`: the largest request that will be made. */
@@ -64,6 +67,15 @@ void dynemb_slab_pool_destroy(dynemb_slab_pool *p);
 void *dynemb_slab_alloc(dynemb_slab_pool *p, size_t bytes);
 /* Bytes mapped by the pool. */
 size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p);
+/* Populates (page-faults in) at most one huge page of the memory the next
+ * chunks will come from, if less than about one huge page is ready ahead
+ * and the pool already holds 16 MiB or more.
+ * Inserting threads call it before taking any shard lock: the kernel
+ * zeroing fresh huge pages is then paid outside the locks and spread over
+ * calls (one huge page per call) instead of a whole slab landing on the
+ * one call that crosses a slab boundary, under a shard write lock. It does
+ * not write the memory, so it is safe while chunks are in use. */
+void dynemb_slab_pool_prefault(dynemb_slab_pool *p);
 #define DYNEMB_ARENA_NO_SLOT UINT32_MAX
 
 typedef struct dynemb_arena {
@@ -87,8 +99,8 @@ void dynemb_arena_init(dynemb_arena *a, size_t emb_floats,
                        size_t slot_floats, dynemb_slab_pool *pool,
                        dynemb_slab_pool *slot_pool);
 /* Bytes of the largest chunk of one part (`part_floats` per row) that an
- * arena with `emb_floats` embedding floats per row asks for. */
-size_t dynemb_arena_max_chunk_bytes(size_t emb_floats, size_t part_floats);
+ * arena with rows of `row_floats` floats (both parts) asks for. */
+size_t dynemb_arena_max_chunk_bytes(size_t row_floats, size_t part_floats);
 /* Forgets every row and chunk (the memory stays with the pool). */
 void dynemb_arena_free(dynemb_arena *a);
 /* Forgets every row, keeping the chunks (the slots become reusable). */

@@ -45,6 +45,7 @@
 #define MAX_NAME 255
 #define IDX_PF 12 /* keys ahead for index prefetch */
 #define ROW_PF 4  /* keys ahead for row prefetch */
+#define MISS_PF 8 /* misses ahead for index prefetch while inserting */
 #define MAX_NOW INT64_C(4294967295)
 
 #define RELAXED __ATOMIC_RELAXED
@@ -169,11 +170,12 @@ int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out) {
   t->eviction_threshold = cfg->eviction_threshold;
   t->refs = 1;
   const size_t emb_f = (size_t)t->dim, slot_f = (size_t)t->dim * t->slots;
+  const size_t row_f = (size_t)t->row_floats;
   if (dynemb_slab_pool_init(&t->pool,
-                            dynemb_arena_max_chunk_bytes(emb_f, emb_f)))
+                            dynemb_arena_max_chunk_bytes(row_f, emb_f)))
     goto nomem;
   if (dynemb_slab_pool_init(&t->slot_pool,
-                            dynemb_arena_max_chunk_bytes(emb_f,
+                            dynemb_arena_max_chunk_bytes(row_f,
                                                          slot_f ? slot_f : 1))) {
     dynemb_slab_pool_destroy(&t->pool);
     goto nomem;
@@ -483,6 +485,14 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
     uint32_t i = miss[m];
     int64_t key = keys[i];
     uint64_t h = hs[i];
+    /* the re-probes would each wait for DRAM under the write lock: fetch
+     * the index entries ahead (a rehash during the loop only makes some
+     * of these prefetches useless) */
+    if (m + MISS_PF < nmiss) {
+      uint64_t hp = hs[miss[m + MISS_PF]];
+      dynemb_index_prefetch(&sh->rows, hp);
+      if (threshold > 1) dynemb_index_prefetch(&sh->cands, hp);
+    }
     float *dst = out ? out + (size_t)i * dim : NULL;
     dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);
     if (admitted) admitted[i] = 1; /* reset below when rejected */
@@ -596,6 +606,9 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
 
   int rc = DYNEMB_OK;
   if (nmiss) {
+    /* fault in the memory of the next row chunks now, outside the locks */
+    dynemb_slab_pool_prefault(&t->pool);
+    if (t->slots) dynemb_slab_pool_prefault(&t->slot_pool);
     /* group the misses by shard, keeping batch order within a shard */
     memset(cnt, 0, (S + 1) * sizeof(uint32_t));
     for (uint32_t m = 0; m < nmiss; m++)
