@@ -403,7 +403,7 @@ static void test_eviction_reuse(void) {
   CHECK_OK(dynemb_evict(t, 1000000, &ev));
   CHECK(ev == 0 && dynemb_table_size(t) == N);
   CHECK_RC(dynemb_table_set_eviction_threshold(t, -1), DYNEMB_EINVAL);
-  CHECK_RC(dynemb_evict(t, -1, &ev), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_evict(t, -2, &ev), DYNEMB_EINVAL); /* -1 = table clock */
   /* a row stamped later than `now` is never evicted */
   CHECK_OK(dynemb_table_set_eviction_threshold(t, 1));
   CHECK_OK(dynemb_evict(t, 50, &ev));

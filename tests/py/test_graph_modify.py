@@ -181,14 +181,18 @@ def _data():
 
 
 def _run_mode(mode, one_shot=False, steps=8):
-    """Trains a small model for `steps` steps; returns (losses, tables)."""
+    """Trains a small model for `steps` steps; returns (losses, tables).
+
+    The two lookups of table "items" see disjoint ids (item, item*7+100): in
+    plain mode TensorFlow may run them in either order, so ids shared between
+    them would be counted for admission in scheduling order."""
     tf.compat.v1.reset_default_graph()
     dynemb.clear_tables()
     dynemb.init(use_dynamic_expansion=True)
     data = _data()
     ds = tf.data.Dataset.from_tensor_slices(data).batch(BATCH)
     if mode == "fs":
-        ds = ds.map(lambda d: dict(d, item_x=tf.cast(d["item"], tf.int64) * 7 + 1))
+        ds = ds.map(lambda d: dict(d, item_x=tf.cast(d["item"], tf.int64) * 7 + 100))
         specs = [FeatureSpec("user", table_name="users", access_threshold=3),
                  FeatureSpec("item", table_name="items", access_threshold=2),
                  FeatureSpec("item_x", table_name="items", access_threshold=2)]
@@ -217,7 +221,7 @@ def _run_mode(mode, one_shot=False, steps=8):
                                   access_and_evict_config={"access_threshold": 3})
         ei = dynemb.sparse_lookup(items, tf.cast(b["item"], tf.int64), modify_graph=modify,
                                   access_and_evict_config={"access_threshold": 2})
-        ex = dynemb.sparse_lookup(items, tf.cast(b["item"], tf.int64) * 7 + 1,
+        ex = dynemb.sparse_lookup(items, tf.cast(b["item"], tf.int64) * 7 + 100,
                                   modify_graph=modify,
                                   access_and_evict_config={"access_threshold": 2})
     w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.constant_initializer(0.3))

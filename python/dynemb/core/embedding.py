@@ -49,10 +49,6 @@ class _GraphState:
         self.anchors: dict[str, "EmbeddingTable"] = {}  # anchor tensor name
         self.lookups: list[dict[str, Any]] = []
         self.evict_configs: dict[str, dict[str, Any]] = {}
-        # Latest train lookup op per table: the next one runs after it, so a
-        # table's admission counting follows the order of the lookups in the
-        # model, not TensorFlow's scheduling.
-        self.last_train_lookup: dict[str, tf.Operation] = {}
 
 
 _STATES: "weakref.WeakKeyDictionary[tf.Graph, _GraphState]" = weakref.WeakKeyDictionary()
@@ -451,7 +447,11 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     (dynemb also takes 'eviction_clock': 'step' (default) or 'wall').
     is_grad=False: no gradient flows to the table from this lookup.
     modify_graph=True: the lookup is recorded for automatic graph
-    modification (dynemb.graph.modifier); until then it works as a plain one.
+    modification (dynemb.graph.modifier); it fails with a message naming the
+    fix until modify_graph_and_start_emb_cache() or GraphModifierHook ran.
+    Admission order: the pipeline modes count a table's ids in the order of
+    the lookups in the model; plain train lookups of one table that run in
+    parallel count ids they share in TensorFlow's scheduling order.
     ids may also be a FeatureSpec, with batch=iterator.get_next().
     """
     if kwargs:
@@ -506,12 +506,11 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         if send_count is not None:
             ids = _static_ids(ids, int(send_count), tname)
         now = _now_tensor(evict_cfg)
-        prev = st.last_train_lookup.get(tname) if is_train else None
-        with tf.control_dependencies([prev] if prev is not None else []):
-            emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
-                                         table_name=tname, is_train=bool(is_train))
-        if is_train:
-            st.last_train_lookup[tname] = emb.op
+        # Plain train lookups of one table that TensorFlow runs in parallel
+        # count shared ids for admission in scheduling order; the pipeline
+        # modes (modify_graph, FeatureSpec) count them in model order.
+        emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
+                                     table_name=tname, is_train=bool(is_train))
         emb.set_shape([ids.shape.num_elements(), dim])
         lookup_op = emb.op
         if not (is_train and is_grad):
