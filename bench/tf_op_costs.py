@@ -16,7 +16,7 @@ tf.compat.v1.train.AdagradOptimizer run.
                      trainable_keys   concat + boolean_mask + unique + sort
   dynemb (step)      lookup           DynembLookup, read-only
                      admitted_mask    tf.where(admitted, rows, default)
-                     apply_filter     searchsorted in the trainable keys + 2 boolean_mask
+                     apply_filter     DynembApply's filter on the trainable keys (in the engine)
                      apply            DynembApply (Adagrad)
   native (step)      hash             floormod
                      gather           ResourceGather
@@ -96,10 +96,6 @@ def main(argv=None) -> int:
     def masked(lk, adm, d):
         return tf.where(tf.reshape(adm, [-1, 1]), lk, tf.zeros([d]))
 
-    def filtered(i, g, k):
-        keep = rewrite.in_sorted(i, k)
-        return [tf.boolean_mask(i, keep), tf.boolean_mask(g, keep)]
-
     native_vars = [tf.compat.v1.get_variable(f"native_{t}", [2**18 if t != "wide" else 2**22, d],
                                              initializer=tf.compat.v1.zeros_initializer())
                    for t, d in zip(names, dims)]
@@ -111,8 +107,11 @@ def main(argv=None) -> int:
                                           for i, a in zip(ids, admitted)],
         "dynemb.lookup": lookups,
         "dynemb.lookup+admitted_mask": [masked(lk, a, d) for lk, a, d in zip(lookups, ones, dims)],
-        "dynemb.apply_filter": [filtered(i, g, k) for i, g, k in zip(ids, grads, keys)],
-        "dynemb.apply": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr, table_name=t)
+        "dynemb.apply_filtered": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr,
+                                                   allowed=k, filter_allowed=True, table_name=t)
+                                  for i, g, k, t in zip(ids, grads, keys, names)],
+        "dynemb.apply": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr,
+                                          allowed=tf.zeros([0], tf.int64), table_name=t)
                          for i, g, t in zip(ids, grads, names)],
         "native.hash": hashed,
         "native.hash+gather": [tf.nn.embedding_lookup(v, h) for v, h in zip(native_vars, hashed)],
@@ -150,7 +149,7 @@ def main(argv=None) -> int:
             "pipeline.trainable_keys": c["dynemb.prepare+trainable_keys"] - c["dynemb.prepare"],
             "step.lookup": c["dynemb.lookup"],
             "step.admitted_mask": c["dynemb.lookup+admitted_mask"] - c["dynemb.lookup"],
-            "step.apply_filter": c["dynemb.apply_filter"],
+            "step.apply_filter": c["dynemb.apply_filtered"] - c["dynemb.apply"],
             "step.apply": c["dynemb.apply"],
         },
         "native": {

@@ -751,9 +751,58 @@ static inline void add_floats(float *restrict acc, const float *restrict x,
  *  B: per shard, under the write lock, probe the unique keys (index
  *    prefetched ahead) and run the optimizer on each row (rows
  *    prefetched ahead). */
+/* Is `key` in allowed[0 .. n) (sorted ascending)? */
+static int in_sorted_keys(const int64_t *allowed, size_t n, int64_t key) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (allowed[mid] < key)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < n && allowed[lo] == key;
+}
+
+static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
+                      const float *grads, float learning_rate, int filter,
+                      const int64_t *allowed, size_t n_allowed,
+                      dynemb_apply_stats *stats);
+
 int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
                  const float *grads, float learning_rate,
                  dynemb_apply_stats *stats) {
+  return apply_impl(t, keys, n, grads, learning_rate, 0, NULL, 0, stats);
+}
+
+int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys, size_t n,
+                          const float *grads, float learning_rate,
+                          const int64_t *allowed, size_t n_allowed,
+                          dynemb_apply_stats *stats) {
+  dynemb_error_clear();
+  if (stats) memset(stats, 0, sizeof *stats);
+  if (!t) return null_table("dynemb_apply_filtered");
+  if (n_allowed && !allowed)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': apply got %zu allowed keys but a "
+                            "NULL buffer for them",
+                            t->name, n_allowed);
+  for (size_t i = 1; i < n_allowed; i++)
+    if (allowed[i - 1] > allowed[i])
+      return dynemb_error_set(DYNEMB_EINVAL,
+                              "table '%s': the allowed keys of apply are not "
+                              "sorted (position %zu: %lld after %lld); sort "
+                              "them ascending",
+                              t->name, i, (long long)allowed[i],
+                              (long long)allowed[i - 1]);
+  return apply_impl(t, keys, n, grads, learning_rate, 1, allowed, n_allowed,
+                    stats);
+}
+
+static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
+                      const float *grads, float learning_rate, int filter,
+                      const int64_t *allowed, size_t n_allowed,
+                      dynemb_apply_stats *stats) {
   dynemb_error_clear();
   if (stats) memset(stats, 0, sizeof *stats);
   if (!t) return null_table("dynemb_apply");
@@ -888,6 +937,13 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
     }
     n_nonfinite += q->skip;
   }
+  /* Keys outside the allowed set are treated as keys without a row. */
+  if (filter)
+    for (size_t k = 0; k < n_uniq; k++)
+      if (!u[k].skip && !in_sorted_keys(allowed, n_allowed, u[k].key)) {
+        u[k].skip = 1;
+        n_dropped++;
+      }
 
   /* Phase B: update the rows. */
   const uint64_t step = __atomic_add_fetch(&t->apply_steps, 1, RELAXED);

@@ -17,7 +17,9 @@
  *   DynembLookup  ids(int32|int64, any shape), now(int64 scalar),
  *                 anchor(float, ignored) -> embeddings float [n, dim]
  *   DynembApply   keys int64 [n], grads float [n, dim], learning_rate float
- *                 scalar -> applied int64 scalar
+ *                 scalar, allowed int64 [m] (sorted; used only when attr
+ *                 filter_allowed is set by a graph rewrite: keys outside it
+ *                 are dropped) -> applied int64 scalar
  *   DynembEvict   now int64 scalar -> evicted int64 scalar
  *   DynembExport  -> meta int64[3] (dim, row_floats, optimizer kind), keys,
  *                 values [rows, row_floats], last_access, cand_keys,
@@ -122,6 +124,7 @@ static void fail_engine(TF_OpKernelContext *ctx, int rc, const char *op) {
 typedef struct kstate {
   char *table_name;
   int is_train;
+  int filter_allowed; /* apply: use input `allowed` (set by graph rewrites) */
   int64_t shard_index, shard_count, flags; /* import only */
 } kstate;
 
@@ -144,7 +147,9 @@ static char *get_string_attr(TF_OpKernelConstruction *c, const char *attr,
   return s;
 }
 
-static void *create_common(TF_OpKernelConstruction *c, int lookup,
+/* `bool_attr`: the name of a bool attribute to read into is_train (lookup,
+ * prepare) or filter_allowed (apply), or NULL. */
+static void *create_common(TF_OpKernelConstruction *c, const char *bool_attr,
                            int import) {
   TF_Status *st = TF_NewStatus();
   kstate *k = calloc(1, sizeof *k);
@@ -154,11 +159,14 @@ static void *create_common(TF_OpKernelConstruction *c, int lookup,
   }
   k->table_name = get_string_attr(c, "table_name", st);
   if (!k->table_name) goto fail;
-  if (lookup) {
+  if (bool_attr) {
     TF_Bool b = 1;
-    TF_OpKernelConstruction_GetAttrBool(c, "is_train", &b, st);
+    TF_OpKernelConstruction_GetAttrBool(c, bool_attr, &b, st);
     if (TF_GetCode(st) != TF_OK) goto fail;
-    k->is_train = b ? 1 : 0;
+    if (!strcmp(bool_attr, "is_train"))
+      k->is_train = b ? 1 : 0;
+    else
+      k->filter_allowed = b ? 1 : 0;
   }
   if (import) {
     TF_OpKernelConstruction_GetAttrInt64(c, "shard_index", &k->shard_index, st);
@@ -179,13 +187,16 @@ fail:
 }
 
 static void *create_plain(TF_OpKernelConstruction *c) {
-  return create_common(c, 0, 0);
+  return create_common(c, NULL, 0);
 }
 static void *create_lookup(TF_OpKernelConstruction *c) {
-  return create_common(c, 1, 0);
+  return create_common(c, "is_train", 0);
+}
+static void *create_apply(TF_OpKernelConstruction *c) {
+  return create_common(c, "filter_allowed", 0);
 }
 static void *create_import(TF_OpKernelConstruction *c) {
-  return create_common(c, 0, 1);
+  return create_common(c, NULL, 1);
 }
 
 static void delete_state(void *p) {
@@ -363,10 +374,10 @@ done:
 
 static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   const kstate *k = p;
-  TF_Tensor *keys = NULL, *grads = NULL, *lrt = NULL;
+  TF_Tensor *keys = NULL, *grads = NULL, *lrt = NULL, *allowed = NULL;
   dynemb_table *t = NULL;
   if (!(keys = input(ctx, 0)) || !(grads = input(ctx, 1)) ||
-      !(lrt = input(ctx, 2)))
+      !(lrt = input(ctx, 2)) || !(allowed = input(ctx, 3)))
     goto done;
   if (!(t = find_table(ctx, k, "apply"))) goto done;
   const int dim = dynemb_table_dim(t);
@@ -385,8 +396,13 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   }
   const float lr = *(const float *)TF_TensorData(lrt);
   dynemb_apply_stats s = {0};
-  int rc = dynemb_apply(t, TF_TensorData(keys), (size_t)n,
-                        TF_TensorData(grads), lr, &s);
+  int rc = k->filter_allowed
+               ? dynemb_apply_filtered(
+                     t, TF_TensorData(keys), (size_t)n, TF_TensorData(grads),
+                     lr, TF_TensorData(allowed),
+                     (size_t)TF_TensorElementCount(allowed), &s)
+               : dynemb_apply(t, TF_TensorData(keys), (size_t)n,
+                              TF_TensorData(grads), lr, &s);
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "apply");
     goto done;
@@ -396,6 +412,7 @@ done:
   if (keys) TF_DeleteTensor(keys);
   if (grads) TF_DeleteTensor(grads);
   if (lrt) TF_DeleteTensor(lrt);
+  if (allowed) TF_DeleteTensor(allowed);
   dynemb_table_release(t);
 }
 
@@ -664,9 +681,11 @@ __attribute__((constructor)) static void dynemb_register_ops(void) {
                    "Tkeys: {int32, int64}"),
               LIST("ids: Tkeys", "now: int64"), LIST("admitted: bool"),
               create_lookup, prepare_compute);
-  register_op("DynembApply", LIST("table_name: string"),
-              LIST("keys: int64", "grads: float", "learning_rate: float"),
-              LIST("applied: int64"), create_plain, apply_compute);
+  register_op("DynembApply",
+              LIST("table_name: string", "filter_allowed: bool = false"),
+              LIST("keys: int64", "grads: float", "learning_rate: float",
+                   "allowed: int64"),
+              LIST("applied: int64"), create_apply, apply_compute);
   register_op("DynembEvict", LIST("table_name: string"), LIST("now: int64"),
               LIST("evicted: int64"), create_plain, evict_compute);
   register_op("DynembExport", LIST("table_name: string"), NULL,

@@ -77,14 +77,6 @@ def trainable_keys(ids: Sequence[tf.Tensor], admitted: Sequence[tf.Tensor]) -> t
     return tf.sort(tf.unique(tf.boolean_mask(keys, adm))[0])
 
 
-def in_sorted(keys: tf.Tensor, sorted_set: tf.Tensor) -> tf.Tensor:
-    """keys[i] in sorted_set, elementwise (binary search; empty set allowed)."""
-    n = tf.size(sorted_set)
-    pos = tf.searchsorted(sorted_set, keys, side="left")
-    padded = tf.concat([sorted_set, tf.zeros([1], sorted_set.dtype)], 0)
-    return tf.logical_and(pos < n, tf.equal(tf.gather(padded, pos), keys))
-
-
 # --------------------------------------------------------------------------
 # The clock stamped by the pipeline
 # --------------------------------------------------------------------------
@@ -244,12 +236,12 @@ def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tens
             f"before calling modify_graph_and_start_emb_cache() / start_asc_pipeline()")
     for op in applies:
         filtered.add(op.name)
-        keys, grads = op.inputs[0], op.inputs[1]
         with graph.as_default(), graph.name_scope(None), \
                 tf.name_scope(op.name + "_trainable"):
             allowed = (keys_sets[0] if len(keys_sets) == 1 else
                        tf.sort(tf.concat(list(keys_sets), 0)))
-            keep = in_sorted(keys, allowed)
-            op._update_input(0, tf.boolean_mask(keys, keep))  # pylint: disable=protected-access
-            op._update_input(1, tf.boolean_mask(grads, keep))  # pylint: disable=protected-access
+        # The engine drops the gradient rows of keys outside `allowed`
+        # (dynemb_apply_filtered) while it dedupes the batch.
+        op._update_input(3, allowed)  # pylint: disable=protected-access
+        op._set_attr("filter_allowed", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
     return len(applies)

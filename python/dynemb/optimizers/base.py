@@ -89,9 +89,11 @@ class SparseOptimizer:
                 if keys.dtype != tf.int64:
                     keys = tf.cast(keys, tf.int64)
                 values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, table.dim])
+                # `allowed` is used only when a graph rewrite sets the
+                # op's filter_allowed attribute (dynemb.graph.rewrite).
                 applies.append(_lib.ops.dynemb_apply(
                     keys=keys, grads=values, learning_rate=lr,
-                    table_name=table.table_name))
+                    allowed=tf.zeros([0], tf.int64), table_name=table.table_name))
             if global_step is None:
                 return tf.group(*applies)
             with tf.control_dependencies(applies):
