@@ -277,12 +277,11 @@ DYNEMB_API int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
 /* `now` value for dynemb_evict meaning "the table clock". */
 #define DYNEMB_NOW_TABLE_CLOCK (-1)
 
-/* As dynemb_apply, but only keys found in `allowed` (n_allowed keys,
- * sorted ascending, repeats allowed) are updated; the others are dropped
- * and counted as keys without a row. Input pipelines that admit keys ahead
- * of the step pass the keys admitted as of the step's own batch, so a row
- * admitted by a later batch does not train early.
- * Errors: as dynemb_apply, and EINVAL when `allowed` is not sorted. */
+/* As dynemb_apply, but only keys found in `allowed` (n_allowed keys, any
+ * order, repeats allowed) are updated; the others are dropped and counted
+ * as keys without a row. Input pipelines that admit keys ahead of the step
+ * pass the keys admitted as of the step's own batch, so a row admitted by a
+ * later batch does not train early. Errors: as dynemb_apply. */
 DYNEMB_API int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys,
                                      size_t n, const float *grads,
                                      float learning_rate,

@@ -751,28 +751,48 @@ static inline void add_floats(float *restrict acc, const float *restrict x,
  *  B: per shard, under the write lock, probe the unique keys (index
  *    prefetched ahead) and run the optimizer on each row (rows
  *    prefetched ahead). */
-/* Is `key` in allowed[0 .. n) (sorted ascending)? */
-static int in_sorted_keys(const int64_t *allowed, size_t n, int64_t key) {
-  size_t lo = 0, hi = n;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (allowed[mid] < key)
-      lo = mid + 1;
-    else
-      hi = mid;
+/* A set of keys (open addressing, linear probing) for apply's filter. */
+typedef struct key_set {
+  int64_t *keys;
+  unsigned char *used;
+  uint64_t mask;
+} key_set;
+
+static int key_set_build(key_set *ks, const int64_t *keys, size_t n) {
+  uint64_t cap = 16;
+  while (cap < 2 * (uint64_t)n) cap *= 2;
+  ks->mask = cap - 1;
+  ks->keys = malloc(cap * sizeof *ks->keys);
+  ks->used = calloc(cap, 1);
+  if (!ks->keys || !ks->used) return DYNEMB_ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t j = dynemb_hash_key(keys[i]) & ks->mask;
+    while (ks->used[j] && ks->keys[j] != keys[i]) j = (j + 1) & ks->mask;
+    ks->used[j] = 1;
+    ks->keys[j] = keys[i];
   }
-  return lo < n && allowed[lo] == key;
+  return DYNEMB_OK;
+}
+
+static int key_set_has(const key_set *ks, int64_t key, uint64_t hash) {
+  for (uint64_t j = hash & ks->mask; ks->used[j]; j = (j + 1) & ks->mask)
+    if (ks->keys[j] == key) return 1;
+  return 0;
+}
+
+static void key_set_free(key_set *ks) {
+  free(ks->keys);
+  free(ks->used);
 }
 
 static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
-                      const float *grads, float learning_rate, int filter,
-                      const int64_t *allowed, size_t n_allowed,
-                      dynemb_apply_stats *stats);
+                      const float *grads, float learning_rate,
+                      const key_set *allowed, dynemb_apply_stats *stats);
 
 int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
                  const float *grads, float learning_rate,
                  dynemb_apply_stats *stats) {
-  return apply_impl(t, keys, n, grads, learning_rate, 0, NULL, 0, stats);
+  return apply_impl(t, keys, n, grads, learning_rate, NULL, stats);
 }
 
 int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys, size_t n,
@@ -787,22 +807,23 @@ int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys, size_t n,
                             "table '%s': apply got %zu allowed keys but a "
                             "NULL buffer for them",
                             t->name, n_allowed);
-  for (size_t i = 1; i < n_allowed; i++)
-    if (allowed[i - 1] > allowed[i])
-      return dynemb_error_set(DYNEMB_EINVAL,
-                              "table '%s': the allowed keys of apply are not "
-                              "sorted (position %zu: %lld after %lld); sort "
-                              "them ascending",
-                              t->name, i, (long long)allowed[i],
-                              (long long)allowed[i - 1]);
-  return apply_impl(t, keys, n, grads, learning_rate, 1, allowed, n_allowed,
-                    stats);
+  key_set ks = {0};
+  if (key_set_build(&ks, allowed, n_allowed)) {
+    key_set_free(&ks);
+    return dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory for %zu allowed keys "
+                            "of an apply",
+                            t->name, n_allowed);
+  }
+  int rc = apply_impl(t, keys, n, grads, learning_rate, &ks, stats);
+  key_set_free(&ks);
+  return rc;
 }
 
+/* `allowed` NULL: no filter; else only its keys are updated. */
 static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
-                      const float *grads, float learning_rate, int filter,
-                      const int64_t *allowed, size_t n_allowed,
-                      dynemb_apply_stats *stats) {
+                      const float *grads, float learning_rate,
+                      const key_set *allowed, dynemb_apply_stats *stats) {
   dynemb_error_clear();
   if (stats) memset(stats, 0, sizeof *stats);
   if (!t) return null_table("dynemb_apply");
@@ -938,9 +959,9 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
     n_nonfinite += q->skip;
   }
   /* Keys outside the allowed set are treated as keys without a row. */
-  if (filter)
+  if (allowed)
     for (size_t k = 0; k < n_uniq; k++)
-      if (!u[k].skip && !in_sorted_keys(allowed, n_allowed, u[k].key)) {
+      if (!u[k].skip && !key_set_has(allowed, u[k].key, u[k].hash)) {
         u[k].skip = 1;
         n_dropped++;
       }

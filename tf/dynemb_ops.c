@@ -17,7 +17,7 @@
  *   DynembLookup  ids(int32|int64, any shape), now(int64 scalar),
  *                 anchor(float, ignored) -> embeddings float [n, dim]
  *   DynembApply   keys int64 [n], grads float [n, dim], learning_rate float
- *                 scalar, allowed int64 [m] (sorted; used only when attr
+ *                 scalar, allowed int64 [m] (any order; used only when attr
  *                 filter_allowed is set by a graph rewrite: keys outside it
  *                 are dropped) -> applied int64 scalar
  *   DynembEvict   now int64 scalar -> evicted int64 scalar

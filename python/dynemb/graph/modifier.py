@@ -57,7 +57,7 @@ class _ModifierState:
     one_shot: Dict[bool, bool] = field(default_factory=lambda: {True: False, False: False})
     # reinitializable iterators with several datasets (get_initializer is ambiguous)
     several_datasets: List[str] = field(default_factory=list)
-    # table name -> sorted trainable-key tensors (one per pipeline feeding it)
+    # table name -> trainable-key tensors (one per pipeline feeding it)
     trainable: Dict[str, List[tf.Tensor]] = field(default_factory=dict)
 
 

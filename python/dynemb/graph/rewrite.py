@@ -66,7 +66,7 @@ def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
 
 
 def trainable_keys(ids: Sequence[tf.Tensor], admitted: Sequence[tf.Tensor]) -> tf.Tensor:
-    """Sorted unique int64 ids admitted somewhere in the batch.
+    """The int64 ids admitted somewhere in the batch (any order, with repeats).
 
     Admission only grows within a batch, so an id admitted at any occurrence has a
     row once the batch is counted: exactly the ids whose gradients a plain step
@@ -74,7 +74,7 @@ def trainable_keys(ids: Sequence[tf.Tensor], admitted: Sequence[tf.Tensor]) -> t
     """
     keys = tf.concat([tf.reshape(tf.cast(i, tf.int64), [-1]) for i in ids], 0)
     adm = tf.concat([tf.reshape(a, [-1]) for a in admitted], 0)
-    return tf.sort(tf.unique(tf.boolean_mask(keys, adm))[0])
+    return tf.boolean_mask(keys, adm)  # the engine's filter takes any order
 
 
 # --------------------------------------------------------------------------
@@ -223,7 +223,7 @@ def rewrite_lookup(lookup_op: tf.Operation, admitted: tf.Tensor, table_name: str
 
 def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tensor]) -> int:
     """Drops, in every DynembApply of `table_name`, the gradient rows of ids that
-    are not in any of `keys_sets` (sorted int64 trainable keys). Returns how many
+    are not in any of `keys_sets` (int64 trainable keys). Returns how many
     apply ops were filtered."""
     applies = [op for op in graph.get_operations() if op.type == "DynembApply"
                and op.get_attr("table_name").decode() == table_name]
@@ -239,7 +239,7 @@ def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tens
         with graph.as_default(), graph.name_scope(None), \
                 tf.name_scope(op.name + "_trainable"):
             allowed = (keys_sets[0] if len(keys_sets) == 1 else
-                       tf.sort(tf.concat(list(keys_sets), 0)))
+                       tf.concat(list(keys_sets), 0))
         # The engine drops the gradient rows of keys outside `allowed`
         # (dynemb_apply_filtered) while it dedupes the batch.
         op._update_input(3, allowed)  # pylint: disable=protected-access
