@@ -175,3 +175,24 @@ def test_serving_default_value_for_unknown_ids():
     with pytest.raises(ValueError, match="served.*dim 3"):
         dynemb.sparse_lookup(t, tf.constant([1], tf.int64), is_train=False,
                              serving_default_value=[1.0, 2.0])
+
+
+def test_tier_parameters_are_accepted_and_validated(tmp_path):
+    # mxRec's three-tier form: accepted; the SSD path is checked, rows stay in
+    # host memory and the table grows past the device and host budgets.
+    ssd = tmp_path / "ssd"
+    t = _table("tiers", dim=2, device_vocabulary_size=4, host_vocabulary_size=8,
+               ssd_vocabulary_size=100, ssd_data_path=[str(ssd)])
+    assert ssd.is_dir()
+    out = dynemb.sparse_lookup(t, tf.constant(np.arange(20), tf.int64))
+    with tf.compat.v1.Session() as s:
+        s.run(out)
+    assert t.size() == 20
+    with pytest.raises(ValueError, match="needs ssd_data_path"):
+        _table("tiers2", dim=2, ssd_vocabulary_size=10)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="cannot be created"):
+        _table("tiers3", dim=2, ssd_vocabulary_size=10, ssd_data_path=str(blocker / "sub"))
+    with pytest.raises(ValueError, match="device_vocabulary_size"):
+        _table("tiers4", dim=2, device_vocabulary_size=-1)

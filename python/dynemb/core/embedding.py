@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import math
+import os
 import re
 import weakref
 import zlib
@@ -268,15 +269,26 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     # a host (or SSD) tier, or dynamic expansion, the table grows on demand.
     if not (initialize.get_use_dynamic_expansion() or host_vocabulary_size or ssd_vocabulary_size):
         c.host_vocabulary_size = device_vocabulary_size
-    c.ssd_vocabulary_size = ssd_vocabulary_size
-    ssd_path = None
     if ssd_vocabulary_size:
+        # The engine has no SSD tier yet: the parameters are checked (so a
+        # script that will use the tier fails now, not later) and the rows
+        # stay in host memory, which grows on demand like host+SSD would.
         paths = [ssd_data_path] if isinstance(ssd_data_path, str) else list(ssd_data_path or ())
         if not paths:
             raise ValueError("create_table('%s'): ssd_vocabulary_size > 0 needs "
-                             "ssd_data_path (a directory)" % name)
-        ssd_path = str(paths[0]).encode()
-        c.ssd_data_path = ssd_path
+                             "ssd_data_path (a directory, or a list of them)" % name)
+        for path in map(str, paths):
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError as e:
+                raise ValueError("create_table('%s'): ssd_data_path '%s' cannot be created "
+                                 "(%s); pass a writable directory" % (name, path, e)) from None
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise ValueError("create_table('%s'): ssd_data_path '%s' is not writable; pass "
+                                 "a writable directory" % (name, path))
+        c.host_vocabulary_size = 0
+        logger.warning("create_table('%s'): the SSD tier is not implemented in this version; "
+                       "its rows stay in host memory, which grows on demand", name)
     del cfg_init
 
     h = _lib.find_table(name)
