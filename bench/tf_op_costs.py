@@ -15,7 +15,7 @@ tf.compat.v1.train.AdagradOptimizer run.
   dynemb (pipeline)  prepare          DynembPrepare (admission count, insert, stamp)
                      trainable_keys   concat + boolean_mask + unique + sort
   dynemb (step)      lookup           DynembLookup, read-only
-                     admitted_mask    tf.where(admitted, rows, default)
+                     admitted_mask    the lookup's visibility flags (in the engine)
                      apply_filter     DynembApply's filter on the trainable keys (in the engine)
                      apply            DynembApply (Adagrad)
   native (step)      hash             floormod
@@ -89,12 +89,14 @@ def main(argv=None) -> int:
     ops = dynemb._lib.ops
     lr = tf.constant(0.05)
     admitted = [rewrite.prepare(t, i, now) for t, i in zip(names, ids)]
-    lookups = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, table_name=t, is_train=False)
+    lookups = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, visible=tf.zeros([0], tf.bool),
+                                 table_name=t, is_train=False)
                for t, i, tb in zip(names, ids, tables)]
     ones = [tf.ones([n], tf.bool) for n in sizes]  # steady state: every id admitted
 
-    def masked(lk, adm, d):
-        return tf.where(tf.reshape(adm, [-1, 1]), lk, tf.zeros([d]))
+    def masked(i, adm, t, tb):  # the rewritten lookup: read-only, hidden ids read the default
+        return ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, visible=adm,
+                                 use_visible=True, table_name=t, is_train=False)
 
     native_vars = [tf.compat.v1.get_variable(f"native_{t}", [2**18 if t != "wide" else 2**22, d],
                                              initializer=tf.compat.v1.zeros_initializer())
@@ -106,7 +108,8 @@ def main(argv=None) -> int:
         "dynemb.prepare+trainable_keys": [rewrite.trainable_keys([i], [a])
                                           for i, a in zip(ids, admitted)],
         "dynemb.lookup": lookups,
-        "dynemb.lookup+admitted_mask": [masked(lk, a, d) for lk, a, d in zip(lookups, ones, dims)],
+        "dynemb.lookup+admitted_mask": [masked(i, a, t, tb)
+                                        for i, a, t, tb in zip(ids, ones, names, tables)],
         "dynemb.apply_filtered": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr,
                                                    allowed=k, filter_allowed=True, table_name=t)
                                   for i, g, k, t in zip(ids, grads, keys, names)],

@@ -251,6 +251,15 @@ DYNEMB_API int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n,
 DYNEMB_API int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n,
                               int mode, int64_t now, uint8_t *admitted);
 
+/* An EVAL-mode lookup in which keys with visible[i] == 0 read the default
+ * value even if they have a row. A step whose keys were sent ahead with
+ * dynemb_prepare passes prepare's `admitted` flags, so it reads exactly what
+ * a TRAIN lookup at that point would have returned, although later batches
+ * may have admitted more keys since. Errors: as dynemb_lookup. */
+DYNEMB_API int dynemb_lookup_visible(dynemb_table *t, const int64_t *keys,
+                                     size_t n, const uint8_t *visible,
+                                     float *out);
+
 /* Widens int32 keys to int64 (sign-extending), for callers with int32 ids. */
 DYNEMB_API void dynemb_widen_keys(const int32_t *in, size_t n, int64_t *out);
 

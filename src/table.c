@@ -542,9 +542,11 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
  * i + IDX_PF is prefetched, key i is probed and its row prefetched, and
  * the row of key i - ROW_DIST is copied. Misses are then grouped by shard
  * and handled under each shard's write lock (lookup_misses). */
+/* `visible` (EVAL only, may be NULL): keys with visible[i] == 0 read the
+ * default value even when they have a row. */
 static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
                        int train, uint32_t now, float *out, uint8_t *admitted,
-                       lookup_counts *lc) {
+                       const uint8_t *visible, lookup_counts *lc) {
   const size_t S = t->nshards, dim = (size_t)t->dim;
   const size_t rbytes = dim * sizeof(float);
   /* scratch: hashes [n], misses [n], per-shard counts [S + 1], marks [S] */
@@ -582,6 +584,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       uint64_t h = hs[i];
       dynemb_shard *sh = &t->shards[dynemb_table_shard_of(t, h)];
       dynemb_index_entry *e = dynemb_index_find(&sh->rows, keys[i], h);
+      if (visible && !visible[i]) e = NULL;
       const float *r = dflt;
       if (admitted) admitted[i] = e != NULL;
       if (e) {
@@ -635,7 +638,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
  * NULL; the public functions check theirs). */
 static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
                        int mode, int64_t now, float *out, uint8_t *admitted,
-                       const char *fn) {
+                       const uint8_t *visible, const char *fn) {
   dynemb_error_clear();
   if (!t) return null_table(fn);
   if (mode != DYNEMB_LOOKUP_TRAIN && mode != DYNEMB_LOOKUP_EVAL)
@@ -657,7 +660,8 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
     size_t m = n - off < part ? n - off : part;
     rc = lookup_part(t, keys + off, m, mode == DYNEMB_LOOKUP_TRAIN,
                      (uint32_t)now, out ? out + off * (size_t)t->dim : NULL,
-                     admitted ? admitted + off : NULL, &lc);
+                     admitted ? admitted + off : NULL,
+                     visible ? visible + off : NULL, &lc);
   }
   if (mode == DYNEMB_LOOKUP_TRAIN) clock_advance(t, (uint32_t)now);
   ADD(&t->n_lookups, (uint64_t)n);
@@ -675,7 +679,19 @@ int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
                             "a NULL output buffer; pass valid keys and output "
                             "buffers", t->name, n);
   }
-  return lookup_impl(t, keys, n, mode, now, out, NULL, "dynemb_lookup");
+  return lookup_impl(t, keys, n, mode, now, out, NULL, NULL, "dynemb_lookup");
+}
+
+int dynemb_lookup_visible(dynemb_table *t, const int64_t *keys, size_t n,
+                          const uint8_t *visible, float *out) {
+  if (t && n && keys && (!out || !visible)) {
+    dynemb_error_clear();
+    return dynemb_error_set(DYNEMB_EINVAL, "table '%s': lookup of %zu keys got "
+                            "a NULL %s buffer; pass valid buffers", t->name, n,
+                            out ? "visible" : "output");
+  }
+  return lookup_impl(t, keys, n, DYNEMB_LOOKUP_EVAL, 0, out, NULL, visible,
+                     "dynemb_lookup_visible");
 }
 
 int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
@@ -685,7 +701,8 @@ int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
     return dynemb_error_set(DYNEMB_EINVAL, "table '%s': prepare of %zu keys "
                             "got a NULL admitted buffer", t->name, n);
   }
-  return lookup_impl(t, keys, n, mode, now, NULL, admitted, "dynemb_prepare");
+  return lookup_impl(t, keys, n, mode, now, NULL, admitted, NULL,
+                     "dynemb_prepare");
 }
 
 /* ------------------------------------------------------------------------ */

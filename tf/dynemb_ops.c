@@ -15,7 +15,9 @@
  * call, because the kernel instance is per (session, node) and a table may
  * be dropped and re-created between sessions):
  *   DynembLookup  ids(int32|int64, any shape), now(int64 scalar),
- *                 anchor(float, ignored) -> embeddings float [n, dim]
+ *                 anchor(float, ignored), visible(bool [n], used only when
+ *                 attr use_visible is set by a graph rewrite: read-only
+ *                 lookup, hidden ids read the default) -> float [n, dim]
  *   DynembApply   keys int64 [n], grads float [n, dim], learning_rate float
  *                 scalar, allowed int64 [m] (any order; used only when attr
  *                 filter_allowed is set by a graph rewrite: keys outside it
@@ -125,6 +127,7 @@ typedef struct kstate {
   char *table_name;
   int is_train;
   int filter_allowed; /* apply: use input `allowed` (set by graph rewrites) */
+  int use_visible;    /* lookup: use input `visible` (set by graph rewrites) */
   int64_t shard_index, shard_count, flags; /* import only */
 } kstate;
 
@@ -149,6 +152,8 @@ static char *get_string_attr(TF_OpKernelConstruction *c, const char *attr,
 
 /* `bool_attr`: the name of a bool attribute to read into is_train (lookup,
  * prepare) or filter_allowed (apply), or NULL. */
+static void delete_state(void *p);
+
 static void *create_common(TF_OpKernelConstruction *c, const char *bool_attr,
                            int import) {
   TF_Status *st = TF_NewStatus();
@@ -192,6 +197,24 @@ static void *create_plain(TF_OpKernelConstruction *c) {
 static void *create_lookup(TF_OpKernelConstruction *c) {
   return create_common(c, "is_train", 0);
 }
+/* DynembLookup: is_train, and use_visible. */
+static void *create_lookup_visible(TF_OpKernelConstruction *c) {
+  kstate *k = create_common(c, "is_train", 0);
+  if (!k) return NULL;
+  TF_Status *st = TF_NewStatus();
+  TF_Bool b = 0;
+  TF_OpKernelConstruction_GetAttrBool(c, "use_visible", &b, st);
+  if (TF_GetCode(st) != TF_OK) {
+    TF_OpKernelConstruction_Failure(c, st);
+    delete_state(k);
+    k = NULL;
+  } else {
+    k->use_visible = b ? 1 : 0;
+  }
+  TF_DeleteStatus(st);
+  return k;
+}
+
 static void *create_apply(TF_OpKernelConstruction *c) {
   return create_common(c, "filter_allowed", 0);
 }
@@ -300,10 +323,12 @@ static const int64_t *ids_as_int64(TF_OpKernelContext *ctx, const kstate *k,
 
 static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const kstate *k = p;
-  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL;
+  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL, *visible = NULL;
   dynemb_table *t = NULL;
   int64_t *wide = NULL;
-  if (!(ids = input(ctx, 0)) || !(nowt = input(ctx, 1))) goto done;
+  if (!(ids = input(ctx, 0)) || !(nowt = input(ctx, 1)) ||
+      !(visible = input(ctx, 3)))
+    goto done;
   int64_t now = 0;
   if (scalar_i64(ctx, nowt, "lookup", "now", &now)) goto done;
   if (!(t = find_table(ctx, k, "lookup"))) goto done;
@@ -314,12 +339,26 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   if (n == 0) goto done;
   const int64_t *keys = ids_as_int64(ctx, k, ids, n, "lookup", &wide);
   if (!keys) goto done;
-  int rc = dynemb_lookup(t, keys, (size_t)n,
-                         k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
-                         now, TF_TensorData(out));
+  int rc;
+  if (k->use_visible) {
+    if (TF_TensorElementCount(visible) != n) {
+      fail(ctx, TF_INVALID_ARGUMENT, "dynemb lookup: table '%s': %lld "
+           "visibility flags for %lld ids", k->table_name,
+           (long long)TF_TensorElementCount(visible), (long long)n);
+      goto done;
+    }
+    /* TF_BOOL elements are one byte each, 0 or 1 */
+    rc = dynemb_lookup_visible(t, keys, (size_t)n, TF_TensorData(visible),
+                               TF_TensorData(out));
+  } else {
+    rc = dynemb_lookup(t, keys, (size_t)n,
+                       k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
+                       now, TF_TensorData(out));
+  }
   if (rc != DYNEMB_OK) fail_engine(ctx, rc, "lookup");
 done:
   free(wide);
+  if (visible) TF_DeleteTensor(visible);
   if (out) TF_DeleteTensor(out);
   if (ids) TF_DeleteTensor(ids);
   if (nowt) TF_DeleteTensor(nowt);
@@ -673,9 +712,11 @@ static void register_op(const char *name, const char *const *attrs,
 __attribute__((constructor)) static void dynemb_register_ops(void) {
   register_op("DynembLookup",
               LIST("table_name: string", "is_train: bool = true",
-                   "Tkeys: {int32, int64}"),
-              LIST("ids: Tkeys", "now: int64", "anchor: float"),
-              LIST("embeddings: float"), create_lookup, lookup_compute);
+                   "use_visible: bool = false", "Tkeys: {int32, int64}"),
+              LIST("ids: Tkeys", "now: int64", "anchor: float",
+                   "visible: bool"),
+              LIST("embeddings: float"), create_lookup_visible,
+              lookup_compute);
   register_op("DynembPrepare",
               LIST("table_name: string", "is_train: bool = true",
                    "Tkeys: {int32, int64}"),

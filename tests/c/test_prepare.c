@@ -58,7 +58,31 @@ static void test_prepare_matches_lookup(void) {
   dynemb_registry_clear();
 }
 
+/* dynemb_lookup_visible: rows where visible, the default elsewhere (also
+ * for visible keys without a row); nothing is inserted or counted. */
+static void test_lookup_visible_masks_rows(void) {
+  dynemb_table *t = mk("visible", 0);
+  const float dflt[3] = {9, 8, 7};
+  CHECK_OK(dynemb_table_set_default_value(t, dflt));
+  int64_t keys[4] = {1, 2, 3, 1};
+  float rows[12], out[12];
+  CHECK_OK(dynemb_lookup(t, keys, 2, DYNEMB_LOOKUP_TRAIN, 0, rows)); /* 1, 2 */
+  const uint8_t visible[4] = {1, 0, 1, 0};
+  CHECK_OK(dynemb_lookup_visible(t, keys, 4, visible, out));
+  for (int d = 0; d < 3; d++) {
+    CHECK(out[d] == rows[d]);          /* key 1, visible: its row */
+    CHECK(out[3 + d] == dflt[d]);      /* key 2 has a row but is hidden */
+    CHECK(out[6 + d] == dflt[d]);      /* key 3 has no row */
+    CHECK(out[9 + d] == dflt[d]);      /* key 1 again, hidden */
+  }
+  CHECK(dynemb_table_size(t) == 2);    /* nothing inserted */
+  CHECK_RC(dynemb_lookup_visible(t, keys, 4, NULL, out), DYNEMB_EINVAL);
+  dynemb_table_release(t);
+  dynemb_registry_clear();
+}
+
 int main(void) {
   RUN(test_prepare_matches_lookup);
+  RUN(test_lookup_visible_masks_rows);
   return check_summary();
 }

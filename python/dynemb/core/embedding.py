@@ -389,7 +389,7 @@ def _lookup_grad(op: tf.Operation, grad: Any) -> list:
     if keys.dtype != tf.int64:
         keys = tf.cast(keys, tf.int64)
     values = tf.convert_to_tensor(grad)
-    return [None, None, tf.IndexedSlices(values, keys)]
+    return [None, None, tf.IndexedSlices(values, keys), None]
 
 
 _EVICT_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient",
@@ -521,7 +521,9 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         # Plain train lookups of one table that TensorFlow runs in parallel
         # count shared ids for admission in scheduling order; the pipeline
         # modes (modify_graph, FeatureSpec) count them in model order.
+        # `visible` is used only when graph modification sets use_visible.
         emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
+                                     visible=tf.zeros([0], tf.bool),
                                      table_name=tname, is_train=bool(is_train))
         emb.set_shape([ids.shape.num_elements(), dim])
         lookup_op = emb.op

@@ -25,12 +25,10 @@ import ctypes
 import weakref
 from typing import List, Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from dynemb import _lib
-from dynemb.graph.pipeline import replace_uses
 from dynemb.graph.trace import replay, walk, Trace
 from dynemb.util.log import logger
 
@@ -151,22 +149,6 @@ def _engine_config(table_name: str) -> _lib.TableConfig:
         _lib.clib.dynemb_table_release(h)
 
 
-def default_row(table_name: str, dim: int) -> np.ndarray:
-    """The value the engine returns for ids without a row (a copy)."""
-    h = _lib.find_table(table_name)
-    if h is None:
-        raise GraphModificationError(f"table '{table_name}' is not registered in this "
-                                     f"process; create it with create_table()")
-    try:
-        cfg = _lib.TableConfig()
-        _lib.clib.dynemb_table_get_config(h, ctypes.byref(cfg))
-        if not cfg.default_value:
-            return np.zeros([dim], np.float32)
-        return np.ctypeslib.as_array(cfg.default_value, shape=(dim,)).astype(np.float32)
-    finally:
-        _lib.clib.dynemb_table_release(h)
-
-
 # --------------------------------------------------------------------------
 # Guard and rewrites of lookup and apply ops
 # --------------------------------------------------------------------------
@@ -197,28 +179,25 @@ def drop_guard(op: tf.Operation) -> None:
 
 def rewrite_lookup(lookup_op: tf.Operation, admitted: tf.Tensor, table_name: str,
                    dim: int) -> tf.Tensor:
-    """Makes a DynembLookup read-only and mask its rows with `admitted`.
-
-    `admitted` must have one element per id of the lookup (any shape). Every
-    consumer of the lookup's output (forward and gradient ops) reads the masked
-    value instead; the lookup's gradient still reaches the table (masked ids'
-    gradients are dropped by the apply filter, not here). Returns the masked value.
-    """
+    """Makes a DynembLookup read-only and hide the ids that `admitted` (one flag
+    per id, any shape) marks as not admitted as of the lookup's own batch: they
+    read the table's default value (dynemb_lookup_visible), even if a later
+    batch, prepared ahead, admitted them since. The lookup's gradient still
+    reaches the table; the apply filter drops what a plain step would drop.
+    Returns the lookup's output."""
+    del dim  # the engine knows the table's width and default value
     if lookup_op.type != "DynembLookup":
         raise GraphModificationError(f"'{lookup_op.name}' is a {lookup_op.type} op, not a "
                                      f"DynembLookup")
     drop_guard(lookup_op)
-    lookup_op._set_attr("is_train", attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
-    emb = lookup_op.outputs[0]
     graph = lookup_op.graph
     with graph.as_default(), graph.name_scope(None), \
             tf.name_scope(lookup_op.name + "_admitted"):
-        mask = tf.reshape(admitted, [-1, 1])
-        default = tf.constant(default_row(table_name, dim), tf.float32, name="default_value")
-        masked = tf.where(mask, emb, default)  # [n, 1], [n, dim], [dim] broadcast
-        masked.set_shape(emb.shape)
-    replace_uses(emb, masked, keep=[masked.op])
-    return masked
+        visible = tf.reshape(admitted, [-1])
+    lookup_op._update_input(3, visible)  # pylint: disable=protected-access
+    lookup_op._set_attr("is_train", attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
+    lookup_op._set_attr("use_visible", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+    return lookup_op.outputs[0]
 
 
 def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tensor]) -> int:
