@@ -196,3 +196,28 @@ def test_tier_parameters_are_accepted_and_validated(tmp_path):
         _table("tiers3", dim=2, ssd_vocabulary_size=10, ssd_data_path=str(blocker / "sub"))
     with pytest.raises(ValueError, match="device_vocabulary_size"):
         _table("tiers4", dim=2, device_vocabulary_size=-1)
+
+
+def test_step_reads_rows_before_it_updates_them():
+    # d sum(emb)/d emb is a constant when shapes are static, so nothing but the
+    # lookup's gradient orders the apply after the lookup within a step.
+    from dynemb.optimizers import gradient_descent
+    opt = gradient_descent.create_hash_optimizer(learning_rate=0.1)
+    t = _table("ordered", dim=3, optimizer_list=[opt])
+    emb = dynemb.sparse_lookup(t, tf.constant([1, 2], tf.int64))
+    loss = tf.reduce_sum(emb)
+    _, sv = dynemb.get_dense_and_sparse_variable()
+    train = opt.apply_gradients(zip(tf.gradients(loss, sv), sv))
+    apply_op = [o for o in tf.compat.v1.get_default_graph().get_operations()
+                if o.type == "DynembApply"][0]
+    seen, stack = set(), [apply_op]
+    while stack:  # everything the apply op waits for
+        o = stack.pop()
+        if o.name not in seen:
+            seen.add(o.name)
+            stack.extend([i.op for i in o.inputs] + list(o.control_inputs))
+    assert any(n.endswith("DynembLookup") for n in seen)
+    with tf.compat.v1.Session() as s:
+        losses = [s.run([loss, train])[0] for _ in range(20)]
+    expected = [6 * (0.25 - 0.1 * k) for k in range(20)]
+    np.testing.assert_allclose(losses, expected, rtol=1e-5, atol=1e-6)

@@ -464,3 +464,27 @@ def test_reinitializable_iterator_with_two_datasets():
         s.run(init_a)
         s.run([train, train])
     np.testing.assert_array_equal(_export("t")[0], list(range(0, 16, 2)) + [200, 202, 204, 206])
+
+
+@needs_prepare
+def test_static_batch_shapes_are_rewritten():
+    # drop_remainder=True gives the ids a static shape: the rewrite must still
+    # be able to plug the pipeline's flags into the lookup and apply ops.
+    ids_np = np.arange(12, dtype=np.int64).reshape([6, 2]) % 5
+    ds = tf.data.Dataset.from_tensor_slices({"f": ids_np}).batch(2, drop_remainder=True)
+    it = tf.compat.v1.data.make_initializable_iterator(ds)
+    ids = it.get_next()["f"]
+    assert ids.shape.as_list() == [2, 2]
+    t, opt = _table("static", init=0.5)
+    emb = dynemb.sparse_lookup(t, ids, modify_graph=True,
+                               access_and_evict_config={"access_threshold": 2})
+    loss = tf.reduce_sum(emb)
+    _, sv = dynemb.get_dense_and_sparse_variable()
+    train = opt.apply_gradients(zip(tf.gradients(loss, sv), sv))
+    modify_graph_and_start_emb_cache()
+    with tf.compat.v1.Session() as s:
+        s.run(get_initializer(True))
+        losses = [s.run([loss, train])[0] for _ in range(3)]
+    # batch 1 [0 1 2 3]: nothing admitted; batch 2 [4 0 1 2]: 0 1 2 admitted
+    # (second sighting) and read 0.5; batch 3 [3 4 0 1]: 3 4 admitted.
+    np.testing.assert_allclose(losses[:2], [0.0, 3 * 0.5 * 2], rtol=1e-6)

@@ -382,13 +382,23 @@ class TableSaveable(saveable_object.SaveableObject):
 # Lookups
 # --------------------------------------------------------------------------
 
+def unused_input(dtype: tf.DType) -> tf.Tensor:
+    """An empty vector of unknown static length, for op inputs that only a
+    graph rewrite fills in (any 1-D tensor can replace it)."""
+    return tf.compat.v1.placeholder_with_default(tf.zeros([0], dtype), shape=[None])
+
+
 @tf.RegisterGradient("DynembLookup")
 def _lookup_grad(op: tf.Operation, grad: Any) -> list:
     """d(loss)/d(anchor) as IndexedSlices(values=d(loss)/d(rows), indices=ids)."""
     keys = tf.reshape(op.inputs[0], [-1])
     if keys.dtype != tf.int64:
         keys = tf.cast(keys, tf.int64)
-    values = tf.convert_to_tensor(grad)
+    # The gradient may not depend on the lookup's output (d sum(x)/dx is a
+    # constant when shapes are static): order it after the lookup, so that
+    # the step's apply never updates a row before the step has read it.
+    with tf.control_dependencies([op.outputs[0]]):
+        values = tf.identity(tf.convert_to_tensor(grad))
     return [None, None, tf.IndexedSlices(values, keys), None]
 
 
@@ -523,7 +533,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         # modes (modify_graph, FeatureSpec) count them in model order.
         # `visible` is used only when graph modification sets use_visible.
         emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
-                                     visible=tf.zeros([0], tf.bool),
+                                     visible=unused_input(tf.bool),
                                      table_name=tname, is_train=bool(is_train))
         emb.set_shape([ids.shape.num_elements(), dim])
         lookup_op = emb.op

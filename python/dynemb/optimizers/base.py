@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import tensorflow as tf
 
 from dynemb import _lib
+from dynemb.core.embedding import unused_input
 
 LearningRate = Union[float, tf.Tensor, tf.Variable, Callable[[], Any]]
 
@@ -93,7 +94,7 @@ class SparseOptimizer:
                 # op's filter_allowed attribute (dynemb.graph.rewrite).
                 applies.append(_lib.ops.dynemb_apply(
                     keys=keys, grads=values, learning_rate=lr,
-                    allowed=tf.zeros([0], tf.int64), table_name=table.table_name))
+                    allowed=unused_input(tf.int64), table_name=table.table_name))
             if global_step is None:
                 return tf.group(*applies)
             with tf.control_dependencies(applies):
