@@ -114,6 +114,14 @@ int dynemb_table_create(const dynemb_table_config *cfg, dynemb_table **out) {
   return DYNEMB_OK;
 }
 
+/* Index of table `name` in reg (under reg_mu), or ENOTFOUND with the
+ * message listing the tables that exist. */
+static int find_locked(const char *name, size_t *at) {
+  int found = 0;
+  *at = name ? reg_search(name, &found) : 0;
+  return found ? DYNEMB_OK : not_found(name);
+}
+
 int dynemb_table_find(const char *name, dynemb_table **out) {
   dynemb_error_clear();
   if (!out)
@@ -121,10 +129,9 @@ int dynemb_table_find(const char *name, dynemb_table **out) {
                             "dynemb_table_find: out pointer is NULL");
   *out = NULL;
   pthread_mutex_lock(&reg_mu);
-  int found = 0;
-  size_t at = name ? reg_search(name, &found) : 0;
-  if (!found) {
-    int rc = not_found(name);
+  size_t at = 0;
+  int rc = find_locked(name, &at);
+  if (rc) {
     pthread_mutex_unlock(&reg_mu);
     return rc;
   }
@@ -148,10 +155,9 @@ void dynemb_table_release(dynemb_table *t) {
 int dynemb_table_drop(const char *name) {
   dynemb_error_clear();
   pthread_mutex_lock(&reg_mu);
-  int found = 0;
-  size_t at = name ? reg_search(name, &found) : 0;
-  if (!found) {
-    int rc = not_found(name);
+  size_t at = 0;
+  int rc = find_locked(name, &at);
+  if (rc) {
     pthread_mutex_unlock(&reg_mu);
     return rc;
   }
