@@ -89,6 +89,21 @@ enum { IMPORTED = 3000 };
 static int64_t imported_key(uint32_t i) { return -(INT64_C(1) << 50) - i; }
 static uint64_t import_lookups, import_hits; /* importer thread only */
 
+/* A snapshot holding the importer's rows (arrays owned by the caller). */
+static dynemb_snapshot import_snapshot(int64_t *keys, float *vals,
+                                       uint32_t *la) {
+  dynemb_snapshot s;
+  memset(&s, 0, sizeof s);
+  s.dim = DIM;
+  s.row_floats = DIM;
+  s.optimizer_kind = DYNEMB_OPT_SGD;
+  s.rows = IMPORTED;
+  s.keys = keys;
+  s.values = vals;
+  s.last_access = la;
+  return s;
+}
+
 static void *importer(void *arg) {
   int *bad = arg;
   static int64_t keys[IMPORTED];
@@ -102,30 +117,14 @@ static void *importer(void *arg) {
   uint32_t part = 0;
   float out[16 * DIM];
   while (!__atomic_load_n(&stop_flag, __ATOMIC_RELAXED)) {
-    dynemb_snapshot s;
-    memset(&s, 0, sizeof s);
-    s.dim = DIM;
-    s.row_floats = DIM;
-    s.optimizer_kind = DYNEMB_OPT_SGD;
-    s.rows = IMPORTED;
-    s.keys = keys;
-    s.values = vals;
-    s.last_access = la;
+    dynemb_snapshot s = import_snapshot(keys, vals, la);
     if (dynemb_table_import(T, &s, DYNEMB_IMPORT_KEEP_STEPS, part % 4, 4)) (*bad)++;
     part++;
     if (dynemb_lookup(T, keys, 16, DYNEMB_LOOKUP_EVAL, 0, out)) (*bad)++;
     import_lookups += 16;
     for (int i = 0; i < 16; i++) import_hits += out[i * DIM] == 5.0f;
   }
-  dynemb_snapshot s;
-  memset(&s, 0, sizeof s);
-  s.dim = DIM;
-  s.row_floats = DIM;
-  s.optimizer_kind = DYNEMB_OPT_SGD;
-  s.rows = IMPORTED;
-  s.keys = keys;
-  s.values = vals;
-  s.last_access = la;
+  dynemb_snapshot s = import_snapshot(keys, vals, la);
   if (dynemb_table_import(T, &s, DYNEMB_IMPORT_KEEP_STEPS, 0, 0)) (*bad)++;
   return NULL;
 }
