@@ -16,6 +16,9 @@
  *           and without software prefetch; the better one is the limit
  *   lookup  train-mode lookups of existing keys (and eval mode, for info)
  *   apply   optimizer updates (Adam by default) of existing keys
+ *   adam limit  (Adam only) TF's Adam applied in place at the same positions
+ *           to the flat array plus a flat slot array (m, v): the memory
+ *           bound of an Adam update, which moves ~6x the bytes of a gather
  *
  * Keys are drawn from uniform or Zipf(S) ranks; rank -> row position goes
  * through a random permutation and position -> key through a bijective
@@ -47,6 +50,9 @@
 /* ------------------------------------------------------------------------ */
 /* Options                                                                   */
 /* ------------------------------------------------------------------------ */
+
+/* Learning rate of the tables and of every apply call. */
+#define BENCH_LR 1e-4f
 
 typedef struct bench_opts {
   uint64_t rows;
@@ -407,11 +413,15 @@ typedef struct bench {
   float *flat;       /* rows * dim, the gather baseline */
   size_t flat_bytes;
   int flat_mmapped;
+  float *slots; /* rows * 2 * dim (m then v per row), the Adam limit */
+  size_t slots_bytes;
   dynemb_table *table; /* the table being measured */
   size_t pool_batches; /* batches per thread in the key pools */
   pthread_barrier_t barrier;
   _Atomic uint64_t next_pos; /* insert phases: next position to insert */
   _Atomic uint64_t inserted_done;
+  /* Adam limit: the table's learning rate and Adam settings */
+  float adam_lr, adam_b1, adam_b2, adam_eps;
 } bench;
 
 typedef enum phase_kind {
@@ -421,7 +431,8 @@ typedef enum phase_kind {
   PH_GATHER_PREFETCH,
   PH_LOOKUP_TRAIN,
   PH_LOOKUP_EVAL,
-  PH_APPLY
+  PH_APPLY,
+  PH_ADAM_LIMIT
 } phase_kind;
 
 typedef struct worker {
@@ -433,8 +444,9 @@ typedef struct worker {
   /* pools: pool_batches * batch keys and positions, same ranks */
   int64_t *keys;
   uint32_t *pos;
-  float *out;   /* batch * dim */
-  float *grads; /* batch * dim */
+  float *out;          /* batch * dim */
+  float *grads;        /* batch * dim */
+  uint64_t adam_steps; /* adam limit: batches applied (bias correction) */
   /* results */
   uint64_t items;
   uint64_t calls;
@@ -460,6 +472,10 @@ static void gather_plain(const float *flat, int dim, const uint32_t *pos,
            row_bytes);
 }
 
+/* Prefetching into L2 (locality 2: prefetcht1 on x86) is the fastest
+ * gather measured here: on an AMD EPYC VM, 4M x 64, 2 threads, ~1.8x the
+ * rows/s of prefetcht0 or prefetchnta, which fill L1 and so are limited by
+ * its few miss buffers. */
 #define GATHER_AHEAD 16
 static void gather_prefetch(const float *flat, int dim, const uint32_t *pos,
                             size_t n, float *out) {
@@ -469,10 +485,70 @@ static void gather_prefetch(const float *flat, int dim, const uint32_t *pos,
       const char *p =
           (const char *)(flat + (size_t)pos[i + GATHER_AHEAD] * (size_t)dim);
       for (size_t off = 0; off < row_bytes; off += 64)
-        __builtin_prefetch(p + off, 0, 0);
+        __builtin_prefetch(p + off, 0, 2);
     }
     memcpy(out + i * (size_t)dim, flat + (size_t)pos[i] * (size_t)dim,
            row_bytes);
+  }
+}
+
+/* Prefetches every cache line of [p, p + bytes) into L2 (locality 2:
+ * prefetcht1 on x86), for the Adam limit. Not with write intent on purpose:
+ * measured on an AMD EPYC (1 thread, 1M x 64, uniform), L2 prefetch gives
+ * ~11.7M rows/s, but prefetchw and prefetcht0 (both fill L1) ~7.7-7.9M; and
+ * gcc emits prefetchw for a write-intent prefetch of any locality whenever
+ * the target has PRFCHW (e.g. -march=native), so the limit would drop with
+ * the build flags. Each row is read before it is written anyway. */
+static inline void prefetch_lines_l2(const void *p, size_t bytes) {
+  uintptr_t a = (uintptr_t)p & ~(uintptr_t)63, end = (uintptr_t)p + bytes;
+  for (; a < end; a += 64)
+    __builtin_prefetch((const void *)a, 0, 2);
+}
+
+/* TF's ApplyAdam on one row, in the engine's form (bias correction folded
+ * into alpha): m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
+ * var -= alpha m / (sqrt(v) + eps). Restrict pointers and a plain loop so
+ * that gcc -O2 vectorizes it. */
+static void adam_row(float *restrict var, float *restrict m, float *restrict v,
+                     const float *restrict g, int dim, float alpha, float omb1,
+                     float omb2, float eps) {
+  for (int i = 0; i < dim; i++) {
+    float gi = g[i];
+    float mi = m[i] + (gi - m[i]) * omb1;
+    float vi = v[i] + (gi * gi - v[i]) * omb2;
+    m[i] = mi;
+    v[i] = vi;
+    var[i] -= (mi * alpha) / (sqrtf(vi) + eps);
+  }
+}
+
+/* The Adam limit for one batch: a dense Adam update in place of the rows at
+ * `pos` of `flat` (rows * dim) and `slots` (rows * 2 * dim, m then v), with
+ * gradient row i for position i, prefetching the row and slot lines of the
+ * position ADAM_AHEAD ahead. A position repeated in the batch is updated
+ * twice; threads may update the same row at once (a benign race on floats,
+ * as this only measures memory traffic). */
+#define ADAM_AHEAD 8
+static void adam_limit_batch(const bench *b, uint64_t step, const uint32_t *pos,
+                             size_t n, const float *grads) {
+  size_t d = (size_t)b->o.dim, row_bytes = sizeof(float) * d;
+  float *flat = b->flat, *slots = b->slots;
+  /* alpha = lr * sqrt(1 - b2^t) / (1 - b1^t), as the engine prepares it */
+  double t = (double)(step ? step : 1);
+  float b1p = (float)pow((double)b->adam_b1, t);
+  float b2p = (float)pow((double)b->adam_b2, t);
+  float alpha = b->adam_lr * sqrtf(1.0f - b2p) / (1.0f - b1p);
+  float omb1 = 1.0f - b->adam_b1, omb2 = 1.0f - b->adam_b2;
+  for (size_t i = 0; i < n; i++) {
+    if (i + ADAM_AHEAD < n) {
+      size_t q = (size_t)pos[i + ADAM_AHEAD];
+      prefetch_lines_l2(flat + q * d, row_bytes);
+      prefetch_lines_l2(slots + q * 2 * d, 2 * row_bytes);
+    }
+    size_t p = (size_t)pos[i];
+    float *m = slots + p * 2 * d;
+    adam_row(flat + p * d, m, m + d, grads + i * d, b->o.dim, alpha, omb1, omb2,
+             b->adam_eps);
   }
 }
 
@@ -495,10 +571,13 @@ static int run_batch(worker *w, size_t bi, uint64_t *unique) {
     return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_EVAL, 1, w->out);
   case PH_APPLY: {
     dynemb_apply_stats st;
-    int rc = dynemb_apply(w->table, keys, B, w->grads, 1e-4f, &st);
+    int rc = dynemb_apply(w->table, keys, B, w->grads, BENCH_LR, &st);
     *unique += st.unique_keys;
     return rc;
   }
+  case PH_ADAM_LIMIT:
+    adam_limit_batch(b, ++w->adam_steps, pos, B, w->grads);
+    return DYNEMB_OK;
   default:
     return DYNEMB_EINVAL;
   }
@@ -647,7 +726,9 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
   r.per_s = r.secs > 0 ? (double)r.items / r.secs : 0;
   r.cpu_share = wall > 0 ? cpu / wall : 0;
   const char *unit =
-      (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH) ? "rows" : "keys";
+      (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH || ph == PH_ADAM_LIMIT)
+          ? "rows"
+          : "keys";
   progress("%s: %.3g %s/s (%" PRIu64 " %s in %.2f s, longest call %.2f ms, "
            "cpu share %.2f)",
            what, r.per_s, unit, r.items, unit, r.secs, r.max_call_ms,
@@ -659,46 +740,79 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
 /* Setup                                                                     */
 /* ------------------------------------------------------------------------ */
 
+/* The measured tables' configuration (also read by the Adam limit). */
+static void table_config(const bench *b, const char *name,
+                         dynemb_table_config *cfg) {
+  dynemb_table_config_init(cfg);
+  cfg->name = name;
+  cfg->dim = b->o.dim;
+  cfg->init.kind = DYNEMB_INIT_UNIFORM;
+  cfg->init.a = -0.05f;
+  cfg->init.b = 0.05f;
+  cfg->init.seed = b->o.seed;
+  cfg->optimizer.kind = b->o.opt_kind;
+  cfg->optimizer.learning_rate = BENCH_LR;
+  cfg->nonfinite_policy = DYNEMB_NONFINITE_ERROR;
+}
+
 static dynemb_table *make_table(const bench *b, const char *name) {
   dynemb_table_config cfg;
   dynemb_table *t = NULL;
-  dynemb_table_config_init(&cfg);
-  cfg.name = name;
-  cfg.dim = b->o.dim;
-  cfg.init.kind = DYNEMB_INIT_UNIFORM;
-  cfg.init.a = -0.05f;
-  cfg.init.b = 0.05f;
-  cfg.init.seed = b->o.seed;
-  cfg.optimizer.kind = b->o.opt_kind;
-  cfg.optimizer.learning_rate = 1e-4f;
-  cfg.nonfinite_policy = DYNEMB_NONFINITE_ERROR;
+  table_config(b, name, &cfg);
   int rc = dynemb_table_create(&cfg, &t);
   if (rc != DYNEMB_OK)
     die_engine("dynemb_table_create", rc);
   return t;
 }
 
-static void alloc_flat(bench *b) {
-  size_t n = (size_t)b->o.rows * (size_t)b->o.dim;
-  b->flat_bytes = n * sizeof(float);
-  void *p = mmap(NULL, b->flat_bytes, PROT_READ | PROT_WRITE,
+/* Maps `bytes` of zeroed memory for a flat baseline array, advising huge
+ * pages unless --no-hugepages. */
+static float *map_floats(const bench *b, size_t bytes, const char *what) {
+  void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) {
-    fprintf(stderr,
-            "dynemb bench: cannot map %zu bytes for the gather "
-            "array: %s\n",
-            b->flat_bytes, strerror(errno));
+    fprintf(stderr, "dynemb bench: cannot map %zu bytes for the %s: %s\n",
+            bytes, what, strerror(errno));
     exit(1);
   }
 #ifdef MADV_HUGEPAGE
   if (b->o.hugepages)
-    (void)madvise(p, b->flat_bytes, MADV_HUGEPAGE);
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#else
+  (void)b;
 #endif
-  b->flat = p;
+  return p;
+}
+
+static void alloc_flat(bench *b) {
+  size_t n = (size_t)b->o.rows * (size_t)b->o.dim;
+  b->flat_bytes = n * sizeof(float);
+  b->flat = map_floats(b, b->flat_bytes, "gather array");
   b->flat_mmapped = 1;
   rng r = {b->o.seed ^ 0xf1a7ULL};
   for (size_t i = 0; i < n; i++)
     b->flat[i] = (float)(rng_unit(&r) - 0.5);
+}
+
+/* The Adam limit's slot array (m = 0, v = 0.01 per row) and the table's
+ * Adam settings. */
+static void alloc_slots(bench *b) {
+  size_t d = (size_t)b->o.dim;
+  b->slots_bytes = (size_t)b->o.rows * 2 * d * sizeof(float);
+  b->slots = map_floats(b, b->slots_bytes, "Adam slot array");
+  for (uint64_t r = 0; r < b->o.rows; r++) {
+    float *m = b->slots + (size_t)r * 2 * d;
+    for (size_t i = 0; i < d; i++) {
+      m[i] = 0.0f;
+      m[d + i] = 0.01f;
+    }
+  }
+  dynemb_table_config cfg;
+  table_config(b, "adam_limit", &cfg);
+  b->adam_lr = cfg.optimizer.learning_rate;
+  b->adam_b1 = cfg.optimizer.beta1;
+  b->adam_b2 = cfg.optimizer.beta2;
+  b->adam_eps = cfg.optimizer.epsilon;
 }
 
 static void make_pools(bench *b, worker *ws) {
@@ -765,9 +879,11 @@ static double loadavg_1m(void) {
 }
 
 typedef struct results {
-  phase_result stall, insert, gplain, gpref, lookup, lookup_eval, apply;
+  phase_result stall, insert, gplain, gpref, lookup, lookup_eval, apply,
+      adam_limit;
+  int have_adam_limit; /* adam only */
   double gather_limit;
-  double lookup_vs_gather, apply_vs_gather, overhead;
+  double lookup_vs_gather, apply_vs_gather, apply_vs_adam_limit, overhead;
   dynemb_table_stats st;
   int row_floats;
   double load_start, load_end;
@@ -806,6 +922,13 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"gather_hugepages\": %s,\n", o->hugepages ? "true" : "false");
   printf("  \"lookup_vs_gather\": %.3f,\n", r->lookup_vs_gather);
   printf("  \"apply_vs_gather\": %.3f,\n", r->apply_vs_gather);
+  if (r->have_adam_limit)
+    printf("  \"adam_limit_rows_per_s\": %.0f,\n"
+           "  \"apply_vs_adam_limit\": %.3f,\n",
+           r->adam_limit.per_s, r->apply_vs_adam_limit);
+  else
+    printf("  \"adam_limit_rows_per_s\": null,\n"
+           "  \"apply_vs_adam_limit\": null,\n");
   printf("  \"bytes_per_row_overhead\": %.2f,\n", r->overhead);
   if (o->skip_stall)
     printf("  \"max_stall_ms\": null,\n");
@@ -818,12 +941,18 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"max_insert_call_ms\": %.3f,\n", r->insert.max_call_ms);
   printf("  \"max_lookup_call_ms\": %.3f,\n", r->lookup.max_call_ms);
   printf("  \"max_apply_call_ms\": %.3f,\n", r->apply.max_call_ms);
+  char adam_share[32];
+  if (r->have_adam_limit)
+    snprintf(adam_share, sizeof adam_share, "%.2f", r->adam_limit.cpu_share);
+  else
+    snprintf(adam_share, sizeof adam_share, "null");
   printf("  \"cpu_share\": {\"stall\": %.2f, \"insert\": %.2f, "
          "\"gather_plain\": %.2f, \"gather_prefetch\": %.2f, \"lookup\": "
-         "%.2f, \"lookup_eval\": %.2f, \"apply\": %.2f},\n",
+         "%.2f, \"lookup_eval\": %.2f, \"apply\": %.2f, \"adam_limit\": "
+         "%s},\n",
          r->stall.cpu_share, r->insert.cpu_share, r->gplain.cpu_share,
          r->gpref.cpu_share, r->lookup.cpu_share, r->lookup_eval.cpu_share,
-         r->apply.cpu_share);
+         r->apply.cpu_share, adam_share);
   printf(
       "  \"targets\": {\"lookup_vs_gather\": %.1f, \"apply_vs_gather\": 0.4, "
       "\"bytes_per_row_overhead\": 24, \"max_stall_ms\": 10},\n",
@@ -870,10 +999,18 @@ static void print_human(const bench *b, const results *r) {
   printf("  %-28s %16.0f\n", "lookup eval (keys/s)", r->lookup_eval.per_s);
   printf("  %-28s %16.0f\n", "insert (keys/s)", r->insert.per_s);
   printf("  %-28s %16.0f\n", "apply (keys/s)", r->apply.per_s);
+  if (r->have_adam_limit)
+    printf("  %-28s %16.0f\n", "adam limit (rows/s)", r->adam_limit.per_s);
+  else
+    printf("  %-28s %16s\n", "adam limit (rows/s)", "n/a (not adam)");
   printf("  %-28s %16.3f %10s%.1f\n", "lookup_vs_gather", r->lookup_vs_gather,
          ">= ", lookup_target);
   printf("  %-28s %16.3f %10s\n", "apply_vs_gather", r->apply_vs_gather,
          ">= 0.4");
+  if (r->have_adam_limit)
+    printf("  %-28s %16.3f\n", "apply_vs_adam_limit", r->apply_vs_adam_limit);
+  else
+    printf("  %-28s %16s\n", "apply_vs_adam_limit", "n/a");
   printf("  %-28s %16.2f %10s\n", "bytes/row overhead", r->overhead, "<= 24");
   if (o->skip_stall)
     printf("  %-28s %16s %10s\n", "max stall (ms)", "skipped", "<= 10");
@@ -913,7 +1050,8 @@ int dynemb_cmd_bench(int argc, char **argv) {
   double est = (double)R * (double)row_floats * 4 + (double)R * o->dim * 4 +
                (double)R * 16 +
                (double)T * (double)b.pool_batches * (double)o->batch * 12 +
-               (double)T * (double)o->batch * o->dim * 8;
+               (double)T * (double)o->batch * o->dim * 8 +
+               (o->opt_kind == DYNEMB_OPT_ADAM ? (double)R * o->dim * 8 : 0);
   progress("%" PRIu64 " rows x dim %d (%d floats/row with %s slots), batch "
            "%zu, %s, %d thread(s); needs about %.2f GB",
            R, o->dim, row_floats, opt_label(o->opt_kind), o->batch, o->dist, T,
@@ -1011,6 +1149,19 @@ int dynemb_cmd_bench(int argc, char **argv) {
   /* 5. Apply. */
   r.apply = run_phase(&b, ws, PH_APPLY, b.table, 0, "apply");
 
+  /* 6. Adam limit: the same update at the same positions, with the same
+   * gradients, on flat arrays (the gather array and a slot array). */
+  if (o->opt_kind == DYNEMB_OPT_ADAM) {
+    progress("adam limit: filling a flat %" PRIu64 " x %d float slot array "
+             "(%.2f GB)",
+             R, 2 * o->dim, (double)R * o->dim * 8 / 1e9);
+    alloc_slots(&b);
+    r.adam_limit = run_phase(&b, ws, PH_ADAM_LIMIT, NULL, 0, "adam limit");
+    r.have_adam_limit = 1;
+    r.apply_vs_adam_limit =
+        r.adam_limit.per_s > 0 ? r.apply.per_s / r.adam_limit.per_s : 0;
+  }
+
   /* The limit once more, after the engine phases, so that a drift of the
    * machine's speed during the run shows and the better figure is used. */
   phase_result g2 = run_phase(&b, ws, PH_GATHER_PREFETCH, NULL, 0,
@@ -1040,6 +1191,8 @@ int dynemb_cmd_bench(int argc, char **argv) {
   free(ws);
   if (b.flat_mmapped)
     munmap(b.flat, b.flat_bytes);
+  if (b.slots)
+    munmap(b.slots, b.slots_bytes);
   free(b.perm);
   free(b.all_keys);
   return 0;
