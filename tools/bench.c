@@ -46,6 +46,7 @@
 
 #include "cmds.h"
 #include "dynemb.h"
+#include "optim.h" /* the engine's per-row Adam, for the Adam limit */
 
 /* ------------------------------------------------------------------------ */
 /* Options                                                                   */
@@ -421,7 +422,7 @@ typedef struct bench {
   _Atomic uint64_t next_pos; /* insert phases: next position to insert */
   _Atomic uint64_t inserted_done;
   /* Adam limit: the table's learning rate and Adam settings */
-  float adam_lr, adam_b1, adam_b2, adam_eps;
+  dynemb_optimizer adam_opt; /* the table's Adam settings */
 } bench;
 
 typedef enum phase_kind {
@@ -505,23 +506,6 @@ static inline void prefetch_lines_l2(const void *p, size_t bytes) {
     __builtin_prefetch((const void *)a, 0, 2);
 }
 
-/* TF's ApplyAdam on one row, in the engine's form (bias correction folded
- * into alpha): m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
- * var -= alpha m / (sqrt(v) + eps). Restrict pointers and a plain loop so
- * that gcc -O2 vectorizes it. */
-static void adam_row(float *restrict var, float *restrict m, float *restrict v,
-                     const float *restrict g, int dim, float alpha, float omb1,
-                     float omb2, float eps) {
-  for (int i = 0; i < dim; i++) {
-    float gi = g[i];
-    float mi = m[i] + (gi - m[i]) * omb1;
-    float vi = v[i] + (gi * gi - v[i]) * omb2;
-    m[i] = mi;
-    v[i] = vi;
-    var[i] -= (mi * alpha) / (sqrtf(vi) + eps);
-  }
-}
-
 /* The Adam limit for one batch: a dense Adam update in place of the rows at
  * `pos` of `flat` (rows * dim) and `slots` (rows * 2 * dim, m then v), with
  * gradient row i for position i, prefetching the row and slot lines of the
@@ -533,12 +517,12 @@ static void adam_limit_batch(const bench *b, uint64_t step, const uint32_t *pos,
                              size_t n, const float *grads) {
   size_t d = (size_t)b->o.dim, row_bytes = sizeof(float) * d;
   float *flat = b->flat, *slots = b->slots;
-  /* alpha = lr * sqrt(1 - b2^t) / (1 - b1^t), as the engine prepares it */
-  double t = (double)(step ? step : 1);
-  float b1p = (float)pow((double)b->adam_b1, t);
-  float b2p = (float)pow((double)b->adam_b2, t);
-  float alpha = b->adam_lr * sqrtf(1.0f - b2p) / (1.0f - b1p);
-  float omb1 = 1.0f - b->adam_b1, omb2 = 1.0f - b->adam_b2;
+  /* the engine's own per-row Adam (same arithmetic, same vector code), so
+   * that the limit differs from the engine's apply only in memory layout,
+   * index, dedupe and locks */
+  dynemb_optim_step s;
+  dynemb_optim_prepare(&b->adam_opt, b->adam_opt.learning_rate,
+                       step ? step : 1, &s);
   for (size_t i = 0; i < n; i++) {
     if (i + ADAM_AHEAD < n) {
       size_t q = (size_t)pos[i + ADAM_AHEAD];
@@ -546,9 +530,8 @@ static void adam_limit_batch(const bench *b, uint64_t step, const uint32_t *pos,
       prefetch_lines_l2(slots + q * 2 * d, 2 * row_bytes);
     }
     size_t p = (size_t)pos[i];
-    float *m = slots + p * 2 * d;
-    adam_row(flat + p * d, m, m + d, grads + i * d, b->o.dim, alpha, omb1, omb2,
-             b->adam_eps);
+    dynemb_optim_apply_row(&s, flat + p * d, slots + p * 2 * d, grads + i * d,
+                           b->o.dim);
   }
 }
 
@@ -809,10 +792,7 @@ static void alloc_slots(bench *b) {
   }
   dynemb_table_config cfg;
   table_config(b, "adam_limit", &cfg);
-  b->adam_lr = cfg.optimizer.learning_rate;
-  b->adam_b1 = cfg.optimizer.beta1;
-  b->adam_b2 = cfg.optimizer.beta2;
-  b->adam_eps = cfg.optimizer.epsilon;
+  b->adam_opt = cfg.optimizer;
 }
 
 static void make_pools(bench *b, worker *ws) {
