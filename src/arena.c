@@ -5,6 +5,7 @@
  */
 #include "arena.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -19,7 +20,14 @@
 #define MAX_FULL_SHIFT 12u /* at most 4096 rows per chunk */
 #define SMALL_STEPS 4u     /* first chunk = full chunk / 2^SMALL_STEPS */
 #define HUGE_PAGE ((size_t)2 << 20)
-#define PREFAULT_MIN_BYTES ((size_t)16 << 20) /* see prefault */
+#define PREFAULT_MIN_BYTES ((size_t)16 << 20) /* see next_range */
+/* The prefault thread keeps this much populated ahead of the bump pointer;
+ * a caller populates itself when less than PREFAULT_URGENT is ready. */
+#define PREFAULT_AHEAD HUGE_PAGE
+#define PREFAULT_URGENT (HUGE_PAGE / 4)
+#define WORKER_NONE 0
+#define WORKER_RUNNING 1
+#define WORKER_FAILED 2
 
 /* Sanitizer builds take slabs from malloc so that leak checking and
  * allocation tracking still see them. */
@@ -56,7 +64,12 @@ int dynemb_slab_pool_init(dynemb_slab_pool *p, size_t max_chunk_bytes) {
     while (best < 8 * max_chunk_bytes) best += HUGE_PAGE;
   }
   p->slab_bytes = best;
-  return pthread_mutex_init(&p->mu, NULL) ? DYNEMB_ENOMEM : DYNEMB_OK;
+  if (pthread_mutex_init(&p->mu, NULL)) return DYNEMB_ENOMEM;
+  if (pthread_cond_init(&p->cv, NULL)) {
+    pthread_mutex_destroy(&p->mu);
+    return DYNEMB_ENOMEM;
+  }
+  return DYNEMB_OK;
 }
 
 static void *map_slab(size_t bytes) {
@@ -134,6 +147,72 @@ void dynemb_slab_pool_release(dynemb_slab_pool *p) {
   pthread_mutex_unlock(&p->mu);
 }
 
+#if !defined(SLAB_FROM_MALLOC) && defined(MADV_POPULATE_WRITE)
+/* Under p->mu: the next range to populate so that `want` bytes are ready
+ * ahead of the bump pointer (mapping the next slab near the end of the
+ * current one), marked ready; 0 if there is nothing to do. Only pools that
+ * have grown past PREFAULT_MIN_BYTES: the memory populated ahead is then a
+ * small share, and small tables (many per process, e.g. one per feature)
+ * keep their footprint. Their calls fault in little memory anyway. */
+static size_t next_range(dynemb_slab_pool *p, size_t want, char **from) {
+  if (p->nslabs * p->slab_bytes < PREFAULT_MIN_BYTES) return 0;
+  char *end = p->cur + p->left;
+  /* the huge page holding cur was faulted by the chunks before it */
+  char *up = (char *)(((uintptr_t)p->cur + HUGE_PAGE - 1) &
+                      ~(uintptr_t)(HUGE_PAGE - 1));
+  if (p->ready < up) p->ready = up;
+  if (p->ready < end) {
+    if ((size_t)(p->ready - p->cur) >= want) return 0;
+    size_t len = (size_t)(end - p->ready) < HUGE_PAGE ? (size_t)(end - p->ready)
+                                                      : HUGE_PAGE;
+    *from = p->ready;
+    p->ready += len;
+    return len;
+  }
+  if (p->left >= want) return 0;
+  if (!p->spare) { /* next slab: map it, populate a bit */
+    p->spare = map_slab(p->slab_bytes);
+    p->spare_ready = 0;
+  }
+  if (!p->spare || p->spare_ready >= want - p->left) return 0;
+  *from = p->spare + p->spare_ready;
+  p->spare_ready += HUGE_PAGE;
+  return HUGE_PAGE;
+}
+
+/* Bytes populated ahead of the bump pointer (under p->mu). */
+static size_t ready_ahead(const dynemb_slab_pool *p) {
+  size_t a = p->ready > p->cur ? (size_t)(p->ready - p->cur) : 0;
+  return a + (p->spare ? p->spare_ready : 0);
+}
+
+/* The pool's prefault thread: populates ranges (outside the mutex) while
+ * next_range finds some, then sleeps until the next request. Populating
+ * never writes data, and slabs are only unmapped when the table is cleared
+ * or destroyed, after which a populate in flight is harmless (an error, or
+ * pages of a new mapping faulted in early). */
+static void *prefault_main(void *arg) {
+  dynemb_slab_pool *p = arg;
+  pthread_mutex_lock(&p->mu);
+  while (!p->stop) {
+    if (!p->requested) {
+      pthread_cond_wait(&p->cv, &p->mu);
+      continue;
+    }
+    p->requested = 0;
+    char *from = NULL;
+    size_t len;
+    while (!p->stop && (len = next_range(p, PREFAULT_AHEAD, &from))) {
+      pthread_mutex_unlock(&p->mu);
+      (void)madvise(from, len, MADV_POPULATE_WRITE);
+      pthread_mutex_lock(&p->mu);
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+#endif
+
 void dynemb_slab_pool_prefault(dynemb_slab_pool *p) {
 #if defined(SLAB_FROM_MALLOC) || !defined(MADV_POPULATE_WRITE)
   (void)p; /* malloc'ed slabs (sanitizers) or an old kernel header */
@@ -141,47 +220,38 @@ void dynemb_slab_pool_prefault(dynemb_slab_pool *p) {
   char *from = NULL;
   size_t len = 0;
   pthread_mutex_lock(&p->mu);
-  /* Only pools that have grown past PREFAULT_MIN_BYTES: the memory
-   * populated ahead (up to about two huge pages) is then a small share, and
-   * small tables (many per process, e.g. one per feature) keep their
-   * footprint. Their calls fault in little memory anyway. */
   if (p->nslabs * p->slab_bytes >= PREFAULT_MIN_BYTES) {
-    char *end = p->cur + p->left;
-    /* the huge page holding cur was faulted by the chunks before it */
-    char *up = (char *)(((uintptr_t)p->cur + HUGE_PAGE - 1) &
-                        ~(uintptr_t)(HUGE_PAGE - 1));
-    if (p->ready < up) p->ready = up;
-    if (p->ready < end) {
-      if ((size_t)(p->ready - p->cur) < HUGE_PAGE) {
-        from = p->ready;
-        len = (size_t)(end - from) < HUGE_PAGE ? (size_t)(end - from) : HUGE_PAGE;
-        p->ready += len;
-      }
-    } else if (p->left < HUGE_PAGE) { /* next slab: map it, populate a bit */
-      if (!p->spare) {
-        p->spare = map_slab(p->slab_bytes);
-        p->spare_ready = 0;
-      }
-      if (p->spare && p->spare_ready < HUGE_PAGE) {
-        from = p->spare + p->spare_ready;
-        len = HUGE_PAGE;
-        p->spare_ready += len;
-      }
+    if (p->worker == WORKER_NONE)
+      p->worker = pthread_create(&p->thread, NULL, prefault_main, p) == 0
+                      ? WORKER_RUNNING
+                      : WORKER_FAILED;
+    if (p->worker == WORKER_RUNNING) {
+      p->requested = 1;
+      pthread_cond_signal(&p->cv);
     }
+    /* The caller populates itself only when the thread has fallen behind
+     * (or could not start): then the next chunks would fault under a
+     * shard write lock. */
+    if (p->worker != WORKER_RUNNING || ready_ahead(p) < PREFAULT_URGENT)
+      len = next_range(p, HUGE_PAGE, &from);
   }
   pthread_mutex_unlock(&p->mu);
-  /* Outside the mutex: populating never writes data, and slabs are only
-   * unmapped when the table is cleared or destroyed, after which an error
-   * here is harmless (the pages would just fault later). */
   if (len) (void)madvise(from, len, MADV_POPULATE_WRITE);
 #endif
 }
 
 void dynemb_slab_pool_destroy(dynemb_slab_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  p->stop = 1;
+  pthread_cond_signal(&p->cv);
+  int running = p->worker == WORKER_RUNNING;
+  pthread_mutex_unlock(&p->mu);
+  if (running) pthread_join(p->thread, NULL);
   dynemb_slab_pool_release(p);
   free(p->slabs);
   p->slabs = NULL;
   p->slabs_cap = 0;
+  pthread_cond_destroy(&p->cv);
   pthread_mutex_destroy(&p->mu);
 }
 
