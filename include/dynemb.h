@@ -23,6 +23,10 @@
  *    table) unless its documentation says otherwise.
  *  - All functions are thread-safe. Any number of threads may call lookup,
  *    apply, evict, stats, snapshot and save on the same table at once.
+ *  - The engine starts threads of its own only to page memory in ahead of
+ *    growing tables: one per row-memory pool that has grown past 16 MiB
+ *    (at most two per table, named "dynemb-prefault", all signals
+ *    blocked), ended when the table is destroyed.
  *  - "Time" (`now`) is an opaque, caller-chosen clock: global steps, or
  *    seconds (wall time or data timestamps). A table only compares
  *    differences against its eviction_threshold, so the caller must use one

@@ -6,6 +6,7 @@
 #include "arena.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -213,6 +214,21 @@ static void *prefault_main(void *arg) {
 }
 #endif
 
+#if !defined(SLAB_FROM_MALLOC) && defined(MADV_POPULATE_WRITE)
+/* Starts the prefault thread with every signal blocked (signals meant for
+ * the application must not land in a library thread). */
+static int start_worker(dynemb_slab_pool *p) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&p->thread, NULL, prefault_main, p);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc) return WORKER_FAILED;
+  (void)pthread_setname_np(p->thread, "dynemb-prefault");
+  return WORKER_RUNNING;
+}
+#endif
+
 void dynemb_slab_pool_prefault(dynemb_slab_pool *p) {
 #if defined(SLAB_FROM_MALLOC) || !defined(MADV_POPULATE_WRITE)
   (void)p; /* malloc'ed slabs (sanitizers) or an old kernel header */
@@ -221,10 +237,7 @@ void dynemb_slab_pool_prefault(dynemb_slab_pool *p) {
   size_t len = 0;
   pthread_mutex_lock(&p->mu);
   if (p->nslabs * p->slab_bytes >= PREFAULT_MIN_BYTES) {
-    if (p->worker == WORKER_NONE)
-      p->worker = pthread_create(&p->thread, NULL, prefault_main, p) == 0
-                      ? WORKER_RUNNING
-                      : WORKER_FAILED;
+    if (p->worker == WORKER_NONE) p->worker = start_worker(p);
     if (p->worker == WORKER_RUNNING) {
       p->requested = 1;
       pthread_cond_signal(&p->cv);
