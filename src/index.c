@@ -53,17 +53,45 @@ static uint64_t limit_of(uint64_t cap) {
   return l < cap ? l : cap - 1; /* always keep one empty entry */
 }
 
-int dynemb_index_reserve(dynemb_index *ix, uint64_t count) {
-  if (count <= ix->limit) return DYNEMB_OK;
+double dynemb_index_growth_for(const dynemb_index *ix, uint64_t count) {
+  if (count <= ix->limit) return 0;
   double cf = ix->cap_f > 0 ? ix->cap_f * DYNEMB_INDEX_GROWTH : ix->first_cap;
   /* fastrange maps 32 hash bits: the capacity must stay below 2^32. */
   while (cf < 4294967295.0 && limit_of((uint64_t)cf) < count)
     cf *= DYNEMB_INDEX_GROWTH;
-  if (cf >= 4294967295.0) return DYNEMB_ENOMEM;
-  uint64_t cap = (uint64_t)cf;
+  return cf < 4294967295.0 ? cf : -1;
+}
+
+static dynemb_index_entry *empty_entries(uint64_t cap) {
   dynemb_index_entry *s = malloc(cap * sizeof *s);
-  if (!s) return DYNEMB_ENOMEM;
-  memset(s, 0xff, cap * sizeof *s);
+  if (s) memset(s, 0xff, cap * sizeof *s);
+  return s;
+}
+
+int dynemb_index_spare_make(double cap_f, dynemb_index_spare *sp) {
+  sp->cap_f = cap_f;
+  sp->slots = cap_f > 0 ? empty_entries((uint64_t)cap_f) : NULL;
+  return sp->slots || cap_f <= 0 ? DYNEMB_OK : DYNEMB_ENOMEM;
+}
+
+void dynemb_index_spare_free(dynemb_index_spare *sp) {
+  free(sp->slots);
+  sp->slots = NULL;
+}
+
+int dynemb_index_reserve_spare(dynemb_index *ix, uint64_t count,
+                               dynemb_index_spare *sp) {
+  double cf = dynemb_index_growth_for(ix, count);
+  if (cf == 0) return DYNEMB_OK;
+  if (cf < 0) return DYNEMB_ENOMEM;
+  uint64_t cap = (uint64_t)cf;
+  dynemb_index_entry *s;
+  if (sp && sp->slots && sp->cap_f == cf) { /* made ahead, already empty */
+    s = sp->slots;
+    sp->slots = NULL;
+  } else if (!(s = empty_entries(cap))) {
+    return DYNEMB_ENOMEM;
+  }
   if (ix->cap_f > 0) {
     const int direct = ix->hash == dynemb_hash_key;
     for (uint64_t i = 0; i < ix->cap; i++) {
@@ -82,6 +110,10 @@ int dynemb_index_reserve(dynemb_index *ix, uint64_t count) {
   ix->cap_f = cf;
   ix->limit = limit_of(cap);
   return DYNEMB_OK;
+}
+
+int dynemb_index_reserve(dynemb_index *ix, uint64_t count) {
+  return dynemb_index_reserve_spare(ix, count, NULL);
 }
 
 dynemb_index_entry *dynemb_index_insert(dynemb_index *ix, int64_t key,

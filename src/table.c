@@ -431,10 +431,12 @@ static int insert_error(const dynemb_table *t, int rc) {
                           t->name);
 }
 
-/* Inserts a fresh row for absent `key` in shard `sh` (write-locked).
+/* Inserts a fresh row for absent `key` in shard `sh` (write-locked),
+ * growing the index into `spare` (may be NULL) if it was made for that.
  * Nothing changes on failure. */
 static int insert_row(dynemb_table *t, dynemb_shard *sh, int64_t key,
-                      uint64_t h, uint32_t now, dynemb_index_entry **out) {
+                      uint64_t h, uint32_t now, dynemb_index_spare *spare,
+                      dynemb_index_entry **out) {
   /* rows_total is kept only for a budget (fixed at creation), so that
    * unbudgeted inserts on different shards share no cache line */
   uint64_t budget = t->cfg.host_vocabulary_size;
@@ -442,7 +444,7 @@ static int insert_row(dynemb_table *t, dynemb_shard *sh, int64_t key,
     ADD(&t->rows_total, (uint64_t)-1);
     return budget_error(t);
   }
-  int rc = dynemb_index_reserve(&sh->rows, sh->rows.count + 1);
+  int rc = dynemb_index_reserve_spare(&sh->rows, sh->rows.count + 1, spare);
   uint32_t slot = 0;
   if (!rc) rc = dynemb_arena_alloc(&sh->arena, &slot);
   if (rc) {
@@ -478,7 +480,7 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
                          const int64_t *keys, const uint64_t *hs,
                          const uint32_t *miss, uint32_t nmiss, uint32_t now,
                          uint32_t threshold, float *out, uint8_t *admitted,
-                         lookup_counts *lc) {
+                         dynemb_index_spare *spare, lookup_counts *lc) {
   const size_t dim = (size_t)t->dim, rbytes = dim * sizeof(float);
   int rc = DYNEMB_OK;
   pthread_rwlock_wrlock(&sh->lock);
@@ -523,7 +525,7 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
       }
       /* admitted: insert_row removes the candidate */
     }
-    rc = insert_row(t, sh, key, h, now, &e);
+    rc = insert_row(t, sh, key, h, now, spare, &e);
     if (rc) break;
     if (dst) memcpy(dst, row_of(sh, e->loc), rbytes);
     lc->inserted++;
@@ -550,16 +552,18 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
                        const uint8_t *visible, lookup_counts *lc) {
   const size_t S = t->nshards, dim = (size_t)t->dim;
   const size_t rbytes = dim * sizeof(float);
-  /* scratch: hashes [n], misses [n], per-shard counts [S + 1], marks [S] */
+  /* scratch: hashes [n], per-shard index growth [S], misses [n],
+   * per-shard counts [S + 1], marks [S] */
   char *mem = malloc(n * (sizeof(uint64_t) + 2 * sizeof(uint32_t)) +
-                     (S + 1) * sizeof(uint32_t) + S + 8);
+                     S * sizeof(double) + (S + 1) * sizeof(uint32_t) + S + 8);
   if (!mem)
     return dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory for a lookup batch of "
                             "%zu keys; use smaller batches",
                             t->name, n);
   uint64_t *hs = (uint64_t *)mem;
-  uint32_t *miss = (uint32_t *)(hs + n);
+  double *grow = (double *)(hs + n);
+  uint32_t *miss = (uint32_t *)(grow + S);
   uint32_t *order = miss + n;
   uint32_t *cnt = order + n;
   unsigned char *mark = (unsigned char *)(cnt + S + 1);
@@ -604,6 +608,27 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       if (r && out) memcpy(out + c * dim, r, rbytes);
     }
   }
+  const uint32_t threshold = LOAD(&t->access_threshold);
+  if (nmiss) {
+    /* group the misses by shard, keeping batch order within a shard, and
+     * (still under the read locks) note the shards whose index will have
+     * to grow for them. Only without admission: with it, most misses only
+     * count towards their threshold, and an array made for them would
+     * mostly be thrown away. */
+    memset(cnt, 0, (S + 1) * sizeof(uint32_t));
+    for (uint32_t m = 0; m < nmiss; m++)
+      cnt[dynemb_table_shard_of(t, hs[miss[m]]) + 1]++;
+    for (size_t s = 0; s < S; s++) {
+      const dynemb_index *ix = &t->shards[s].rows;
+      grow[s] = cnt[s + 1] && threshold <= 1
+                    ? dynemb_index_growth_for(ix, ix->count + cnt[s + 1])
+                    : 0;
+      cnt[s + 1] += cnt[s];
+    }
+    for (uint32_t m = 0; m < nmiss; m++)
+      order[cnt[dynemb_table_shard_of(t, hs[miss[m]])]++] = miss[m];
+    /* cnt[s] is now the end of shard s's run */
+  }
   for (size_t s = S; s-- > 0;)
     if (mark[s]) pthread_rwlock_unlock(&t->shards[s].lock);
   lc->hits += hits;
@@ -613,21 +638,19 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
     /* fault in the memory of the next row chunks now, outside the locks */
     dynemb_slab_pool_prefault(&t->pool);
     if (t->slots) dynemb_slab_pool_prefault(&t->slot_pool);
-    /* group the misses by shard, keeping batch order within a shard */
-    memset(cnt, 0, (S + 1) * sizeof(uint32_t));
-    for (uint32_t m = 0; m < nmiss; m++)
-      cnt[dynemb_table_shard_of(t, hs[miss[m]]) + 1]++;
-    for (size_t s = 0; s < S; s++) cnt[s + 1] += cnt[s];
-    for (uint32_t m = 0; m < nmiss; m++)
-      order[cnt[dynemb_table_shard_of(t, hs[miss[m]])]++] = miss[m];
-    /* cnt[s] is now the end of shard s's run */
-    uint32_t threshold = LOAD(&t->access_threshold);
     uint32_t begin = 0;
     for (size_t s = 0; s < S && !rc; s++) {
       uint32_t end = cnt[s];
-      if (end > begin)
+      if (end > begin) {
+        /* a grown index array made outside the lock (if still needed then:
+         * another thread may have grown it, or admission may insert less) */
+        dynemb_index_spare spare = {NULL, 0};
+        if (grow[s] > 0) (void)dynemb_index_spare_make(grow[s], &spare);
         rc = lookup_misses(t, &t->shards[s], keys, hs, order + begin,
-                           end - begin, now, threshold, out, admitted, lc);
+                           end - begin, now, threshold, out, admitted, &spare,
+                           lc);
+        dynemb_index_spare_free(&spare);
+      }
       begin = end;
     }
   }

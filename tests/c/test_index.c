@@ -179,6 +179,52 @@ static void test_loc_encoding(void) {
   CHECK(loc != DYNEMB_LOC_EMPTY);
 }
 
+/* Growth into an array made ahead (outside the lock): taken when it was
+ * made for the capacity needed, ignored (left to the caller) otherwise;
+ * the result is the same index either way. */
+static void test_growth_into_spare(void) {
+  dynemb_index a, b;
+  dynemb_index_init(&a, 0.25);
+  dynemb_index_init(&b, 0.25);
+  CHECK(dynemb_index_growth_for(&a, 0) == 0);
+  int used = 0, ignored = 0;
+  for (int64_t k = 0; k < 50000; k++) {
+    uint64_t h = dynemb_hash_key(k);
+    double cf = dynemb_index_growth_for(&a, a.count + 3); /* a batch of 3 */
+    dynemb_index_spare sp = {NULL, 0};
+    CHECK_OK(dynemb_index_spare_make(cf, &sp));
+    CHECK((cf > 0) == (sp.slots != NULL));
+    dynemb_index_entry *before = a.slots;
+    CHECK_OK(dynemb_index_reserve_spare(&a, a.count + 1, &sp));
+    if (cf > 0 && sp.slots == NULL) {
+      used++;
+      CHECK(a.cap_f == cf && a.slots != before);
+    } else if (cf > 0 && a.slots == before) {
+      ignored++; /* made for count + 3: not needed yet for count + 1 */
+    }
+    dynemb_index_spare_free(&sp);
+    CHECK(sp.slots == NULL);
+    dynemb_index_insert(&a, k, h, (uint32_t)k, 1);
+    CHECK_OK(dynemb_index_reserve(&b, b.count + 1));
+    dynemb_index_insert(&b, k, h, (uint32_t)k, 1);
+  }
+  CHECK(used > 10 && ignored > 10);
+  CHECK(a.cap == b.cap && a.count == b.count);
+  for (int64_t k = 0; k < 50000; k += 7) {
+    dynemb_index_entry *e = dynemb_index_find(&a, k, dynemb_hash_key(k));
+    CHECK(e && e->loc == (uint32_t)k);
+  }
+  CHECK(memcmp(a.slots, b.slots, a.cap * sizeof *a.slots) == 0);
+  /* a spare for another capacity is not taken */
+  dynemb_index_spare odd = {NULL, 0};
+  CHECK_OK(dynemb_index_spare_make(a.cap_f * 3, &odd));
+  CHECK_OK(dynemb_index_reserve_spare(&a, a.limit + 1, &odd));
+  CHECK(odd.slots != NULL && a.cap_f != odd.cap_f);
+  dynemb_index_spare_free(&odd);
+  dynemb_index_free(&a);
+  dynemb_index_free(&b);
+}
+
 int main(void) {
   RUN(test_random_real_hash);
   RUN(test_random_one_bucket);
@@ -186,6 +232,7 @@ int main(void) {
   RUN(test_random_four_buckets);
   RUN(test_extreme_keys);
   RUN(test_growth_and_load);
+  RUN(test_growth_into_spare);
   RUN(test_loc_encoding);
   return check_summary();
 }
