@@ -35,6 +35,7 @@ ENGINE_SRC := $(wildcard src/*.c)
 TOOL_SRC   := $(wildcard tools/*.c)
 TEST_SRC   := $(wildcard tests/c/test_*.c)
 TSAN_SRC   := $(wildcard tests/c/tsan_*.c)
+PLAIN_SRC  := $(wildcard tests/c/plain_*.c)
 
 # --- release build ---------------------------------------------------------
 REL_OBJ  := $(ENGINE_SRC:src/%.c=build/obj/%.o)
@@ -67,6 +68,12 @@ build/tsan/tsan_%: tests/c/tsan_%.c $(ENGINE_SRC) tests/c/check.h include/dynemb
 	@mkdir -p $(@D)
 	$(CC) $(BASEFLAGS) $(TSAN_FLAGS) -Itests/c $< $(ENGINE_SRC) -o $@ $(LDLIBS)
 
+# Tests of what sanitizer builds do not run (real huge-page slabs and their
+# prefault thread across fork): the release flags, no sanitizer.
+build/plain/plain_%: tests/c/plain_%.c $(ENGINE_SRC) tests/c/check.h include/dynemb.h $(wildcard src/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(BASEFLAGS) $(CFLAGS) -Itests/c $< $(ENGINE_SRC) -o $@ $(LDLIBS)
+
 # libFuzzer needs clang; the fuzz target is skipped where clang is missing.
 build/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.c $(ENGINE_SRC) include/dynemb.h $(wildcard src/*.h)
 	@mkdir -p $(@D)
@@ -74,8 +81,9 @@ build/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.c $(ENGINE_SRC) include/dynemb.h $(wi
 
 C_TESTS    := $(TEST_SRC:tests/c/%.c=build/asan/%)
 TSAN_TESTS := $(TSAN_SRC:tests/c/%.c=build/tsan/%)
+PLAIN_TESTS := $(PLAIN_SRC:tests/c/%.c=build/plain/%)
 
-c-tests: $(C_TESTS) $(TSAN_TESTS)
+c-tests: $(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS)
 
 # --- Python / TensorFlow ------------------------------------------------------
 # setuptools>=64 and wheel: the editable install below runs without build

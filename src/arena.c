@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "dynemb.h"
 
@@ -214,6 +215,17 @@ static void *prefault_main(void *arg) {
 }
 #endif
 
+/* Under p->mu, in a child forked while the pool's thread ran: that thread
+ * (and its wait on cv) stayed in the parent, and the copied condition
+ * variable still counts it as a waiter (signalling it would block), so it
+ * is made anew and the child starts a thread of its own when needed. */
+static void forget_parent_worker(dynemb_slab_pool *p) {
+  if (p->worker == WORKER_RUNNING && p->worker_pid != getpid()) {
+    (void)pthread_cond_init(&p->cv, NULL);
+    p->worker = WORKER_NONE;
+  }
+}
+
 #if !defined(SLAB_FROM_MALLOC) && defined(MADV_POPULATE_WRITE)
 /* Starts the prefault thread with every signal blocked (signals meant for
  * the application must not land in a library thread). */
@@ -224,6 +236,7 @@ static int start_worker(dynemb_slab_pool *p) {
   int rc = pthread_create(&p->thread, NULL, prefault_main, p);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc) return WORKER_FAILED;
+  p->worker_pid = getpid();
   (void)pthread_setname_np(p->thread, "dynemb-prefault");
   return WORKER_RUNNING;
 }
@@ -237,6 +250,7 @@ void dynemb_slab_pool_prefault(dynemb_slab_pool *p) {
   size_t len = 0;
   pthread_mutex_lock(&p->mu);
   if (p->nslabs * p->slab_bytes >= PREFAULT_MIN_BYTES) {
+    forget_parent_worker(p);
     if (p->worker == WORKER_NONE) p->worker = start_worker(p);
     if (p->worker == WORKER_RUNNING) {
       p->requested = 1;
@@ -257,6 +271,7 @@ void dynemb_slab_pool_destroy(dynemb_slab_pool *p) {
   pthread_mutex_lock(&p->mu);
   p->stop = 1;
   pthread_cond_signal(&p->cv);
+  forget_parent_worker(p);
   int running = p->worker == WORKER_RUNNING;
   pthread_mutex_unlock(&p->mu);
   if (running) pthread_join(p->thread, NULL);

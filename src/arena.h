@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include <pthread.h>
+#include <sys/types.h>
 
 #define DYNEMB_ARENA_MAX_SLOTS (UINT32_C(1) << 30)
 
@@ -62,6 +63,7 @@ typedef struct dynemb_slab_pool {
   int worker;          /* 0 not started, 1 running, 2 could not start */
   int requested;       /* a prefault call asked for more since it woke */
   int stop;            /* destroy asks the thread to end */
+  pid_t worker_pid;    /* process that started it (a fork child has none) */
 } dynemb_slab_pool;
 
 /* `max_chunk_bytes`: the largest request that will be made. */

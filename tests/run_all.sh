@@ -13,7 +13,7 @@ count() {  # count PASS/FAIL lines of a C test's output; a crash is a failure
   passed=$((passed + p)); failed=$((failed + f))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); fi
 }
-for t in build/asan/test_* build/tsan/tsan_*; do
+for t in build/asan/test_* build/tsan/tsan_* build/plain/plain_*; do
   [ -x "$t" ] || continue
   echo "== $t"
   out=$(ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

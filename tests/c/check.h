@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int check_failed_in_test;
@@ -66,6 +67,17 @@ static int check_passed_total, check_failed_total;
 static inline int check_summary(void) {
   printf("%d passed, %d failed\n", check_passed_total, check_failed_total);
   return check_failed_total ? 1 : 0;
+}
+
+/* Threads of this process (Linux: /proc/self/status), or -1. */
+static inline int check_thread_count(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  int n = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "Threads:", 8)) n = atoi(line + 8);
+  if (f) fclose(f);
+  return n;
 }
 
 #endif

@@ -5,6 +5,8 @@
  * statistics; then the table is cleared (slabs unmapped under a running
  * thread) and grown again, and finally destroyed (the thread is joined).
  * Afterwards every key has its row with its deterministic initial value.
+ * (The fork case is in plain_prefault_fork.c: TSan cannot follow a thread
+ * started in a child forked from a multi-threaded process.)
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -46,17 +48,6 @@ static void *watch(void *arg) {
   return NULL;
 }
 
-/* Threads of this process (Linux: /proc/self/status). */
-static int thread_count(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  int n = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (!strncmp(line, "Threads:", 8)) n = atoi(line + 8);
-  if (f) fclose(f);
-  return n;
-}
-
 static void grow_both(void) {
   pthread_t g[2];
   for (int i = 0; i < 2; i++) pthread_create(&g[i], NULL, grow, (void *)(intptr_t)i);
@@ -77,9 +68,9 @@ static void test_prefault_thread_race_free(void) {
   if (!T) return;
   pthread_t w;
   pthread_create(&w, NULL, watch, NULL);
-  int before = thread_count();
+  int before = check_thread_count();
   grow_both(); /* 120k rows x 256 B = ~31 MB of embeddings */
-  CHECK(thread_count() == before + 1); /* the embedding pool's prefault thread */
+  CHECK(check_thread_count() == before + 1); /* the embedding pool's prefault thread */
   dynemb_table_clear(T);
   grow_both();
   __atomic_store_n(&stop_flag, 1, __ATOMIC_RELAXED);
