@@ -405,6 +405,18 @@ static inline void stamp(dynemb_index_entry *e, uint32_t now) {
   if (LOAD(&e->last_access) < now) STORE(&e->last_access, now);
 }
 
+/* Row hints (dynemb_prepare_hints / dynemb_lookup_hinted): the shard's
+ * generation (low 20 bits), the shard and the row location. */
+#define HINT_GEN_MASK UINT32_C(0xfffff)
+static inline uint64_t make_hint(const dynemb_shard *sh, uint32_t shard,
+                                 uint32_t loc) {
+  return ((uint64_t)(sh->gen & HINT_GEN_MASK) << 44) | ((uint64_t)shard << 32) |
+         loc;
+}
+#define HINT_SHARD(h) ((uint32_t)((h) >> 32) & 0xfffu)
+#define HINT_GEN(h) ((uint32_t)((h) >> 44))
+#define HINT_LOC(h) ((uint32_t)(h))
+
 /* ------------------------------------------------------------------------ */
 /* Inserting rows                                                            */
 /* ------------------------------------------------------------------------ */
@@ -480,7 +492,9 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
                          const int64_t *keys, const uint64_t *hs,
                          const uint32_t *miss, uint32_t nmiss, uint32_t now,
                          uint32_t threshold, float *out, uint8_t *admitted,
-                         dynemb_index_spare *spare, lookup_counts *lc) {
+                         uint64_t *hints, dynemb_index_spare *spare,
+                         lookup_counts *lc) {
+  const uint32_t shard = (uint32_t)(sh - t->shards);
   const size_t dim = (size_t)t->dim, rbytes = dim * sizeof(float);
   int rc = DYNEMB_OK;
   pthread_rwlock_wrlock(&sh->lock);
@@ -499,8 +513,10 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
     float *dst = out ? out + (size_t)i * dim : NULL;
     dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);
     if (admitted) admitted[i] = 1; /* reset below when rejected */
+    if (hints) hints[i] = DYNEMB_NO_HINT; /* set below when it has a row */
     if (e) { /* inserted since the read pass (or repeated in the batch) */
       stamp(e, now);
+      if (hints) hints[i] = make_hint(sh, shard, e->loc);
       if (dst) memcpy(dst, row_of(sh, e->loc), rbytes);
       lc->hits++;
       continue;
@@ -527,6 +543,7 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
     }
     rc = insert_row(t, sh, key, h, now, spare, &e);
     if (rc) break;
+    if (hints) hints[i] = make_hint(sh, shard, e->loc);
     if (dst) memcpy(dst, row_of(sh, e->loc), rbytes);
     lc->inserted++;
   }
@@ -549,7 +566,8 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
  * default value even when they have a row. */
 static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
                        int train, uint32_t now, float *out, uint8_t *admitted,
-                       const uint8_t *visible, lookup_counts *lc) {
+                       uint64_t *hints, const uint8_t *visible,
+                       lookup_counts *lc) {
   const size_t S = t->nshards, dim = (size_t)t->dim;
   const size_t rbytes = dim * sizeof(float);
   /* scratch: hashes [n], per-shard index growth [S], misses [n],
@@ -587,11 +605,13 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
     }
     if (i < n) {
       uint64_t h = hs[i];
-      dynemb_shard *sh = &t->shards[dynemb_table_shard_of(t, h)];
+      const uint32_t shard = dynemb_table_shard_of(t, h);
+      dynemb_shard *sh = &t->shards[shard];
       dynemb_index_entry *e = dynemb_index_find(&sh->rows, keys[i], h);
       if (visible && !visible[i]) e = NULL;
       const float *r = dflt;
       if (admitted) admitted[i] = e != NULL;
+      if (hints) hints[i] = e ? make_hint(sh, shard, e->loc) : DYNEMB_NO_HINT;
       if (e) {
         r = row_of(sh, e->loc);
         if (out) prefetch_lines(r, rbytes);
@@ -647,8 +667,8 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
         dynemb_index_spare spare = {NULL, 0};
         if (grow[s] > 0) (void)dynemb_index_spare_make(grow[s], &spare);
         rc = lookup_misses(t, &t->shards[s], keys, hs, order + begin,
-                           end - begin, now, threshold, out, admitted, &spare,
-                           lc);
+                           end - begin, now, threshold, out, admitted, hints,
+                           &spare, lc);
         dynemb_index_spare_free(&spare);
       }
       begin = end;
@@ -662,7 +682,8 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
  * NULL; the public functions check theirs). */
 static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
                        int mode, int64_t now, float *out, uint8_t *admitted,
-                       const uint8_t *visible, const char *fn) {
+                       uint64_t *hints, const uint8_t *visible,
+                       const char *fn) {
   dynemb_error_clear();
   if (!t) return null_table(fn);
   if (mode != DYNEMB_LOOKUP_TRAIN && mode != DYNEMB_LOOKUP_EVAL)
@@ -673,7 +694,7 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
   int rc = check_now(t, now);
   if (rc) return rc;
   if (n == 0) return DYNEMB_OK;
-  if (!keys || (!out && !admitted))
+  if (!keys || (!out && !admitted && !hints))
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': %s of %zu keys got a NULL %s "
                             "buffer; pass valid keys and output buffers",
@@ -685,6 +706,7 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
     rc = lookup_part(t, keys + off, m, mode == DYNEMB_LOOKUP_TRAIN,
                      (uint32_t)now, out ? out + off * (size_t)t->dim : NULL,
                      admitted ? admitted + off : NULL,
+                     hints ? hints + off : NULL,
                      visible ? visible + off : NULL, &lc);
   }
   if (mode == DYNEMB_LOOKUP_TRAIN) clock_advance(t, (uint32_t)now);
@@ -703,7 +725,7 @@ int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
                             "a NULL output buffer; pass valid keys and output "
                             "buffers", t->name, n);
   }
-  return lookup_impl(t, keys, n, mode, now, out, NULL, NULL, "dynemb_lookup");
+  return lookup_impl(t, keys, n, mode, now, out, NULL, NULL, NULL, "dynemb_lookup");
 }
 
 int dynemb_lookup_visible(dynemb_table *t, const int64_t *keys, size_t n,
@@ -714,8 +736,8 @@ int dynemb_lookup_visible(dynemb_table *t, const int64_t *keys, size_t n,
                             "a NULL %s buffer; pass valid buffers", t->name, n,
                             out ? "visible" : "output");
   }
-  return lookup_impl(t, keys, n, DYNEMB_LOOKUP_EVAL, 0, out, NULL, visible,
-                     "dynemb_lookup_visible");
+  return lookup_impl(t, keys, n, DYNEMB_LOOKUP_EVAL, 0, out, NULL, NULL,
+                     visible, "dynemb_lookup_visible");
 }
 
 int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
@@ -725,8 +747,120 @@ int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
     return dynemb_error_set(DYNEMB_EINVAL, "table '%s': prepare of %zu keys "
                             "got a NULL admitted buffer", t->name, n);
   }
-  return lookup_impl(t, keys, n, mode, now, NULL, admitted, NULL,
+  return lookup_impl(t, keys, n, mode, now, NULL, admitted, NULL, NULL,
                      "dynemb_prepare");
+}
+
+int dynemb_prepare_hints(dynemb_table *t, const int64_t *keys, size_t n,
+                         int mode, int64_t now, uint64_t *hints) {
+  if (t && n && keys && !hints) {
+    dynemb_error_clear();
+    return dynemb_error_set(DYNEMB_EINVAL, "table '%s': prepare of %zu keys "
+                            "got a NULL hints buffer", t->name, n);
+  }
+  return lookup_impl(t, keys, n, mode, now, NULL, NULL, hints, NULL,
+                     "dynemb_prepare_hints");
+}
+
+/* dynemb_lookup_hinted: rows copied from their hinted locations under the
+ * read locks of the hinted shards, in a pipeline like lookup_part's (rows
+ * prefetched ROW_DIST ahead). Keys with stale hints (their shard evicted,
+ * was cleared or imported since) are looked up by key afterwards, once
+ * the locks are released (taking another shard's lock out of order could
+ * deadlock with a caller that holds every lock). */
+static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
+                              const uint64_t *hints, size_t n, float *out,
+                              lookup_counts *lc) {
+  const size_t S = t->nshards, dim = (size_t)t->dim;
+  const size_t rbytes = dim * sizeof(float);
+  unsigned char *mark = calloc(S, 1);
+  uint32_t *stale = malloc(n * sizeof *stale + 1);
+  if (!mark || !stale) {
+    free(mark);
+    free(stale);
+    return dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory for a hinted lookup of "
+                            "%zu keys; use smaller batches",
+                            t->name, n);
+  }
+  for (size_t i = 0; i < n; i++)
+    if (hints[i] != DYNEMB_NO_HINT && HINT_SHARD(hints[i]) < S)
+      mark[HINT_SHARD(hints[i])] = 1;
+  for (size_t s = 0; s < S; s++)
+    if (mark[s]) pthread_rwlock_rdlock(&t->shards[s].lock);
+  const float *ring[RING];
+  size_t nstale = 0;
+  uint64_t hits = 0;
+  for (size_t i = 0; i < n + ROW_DIST; i++) {
+    if (i < n) {
+      const uint64_t hi = hints[i];
+      const float *r = t->default_value; /* not admitted at prepare time */
+      if (hi != DYNEMB_NO_HINT) {
+        const dynemb_shard *sh = HINT_SHARD(hi) < S ? &t->shards[HINT_SHARD(hi)] : NULL;
+        if (sh && HINT_GEN(hi) == (sh->gen & HINT_GEN_MASK) &&
+            DYNEMB_LOC_SLOT(HINT_LOC(hi)) < sh->arena.slots) {
+          r = row_of(sh, HINT_LOC(hi));
+          prefetch_lines(r, rbytes);
+          hits++;
+        } else {
+          stale[nstale++] = (uint32_t)i;
+          r = NULL;
+        }
+      }
+      ring[i % RING] = r;
+    }
+    if (i >= ROW_DIST) {
+      size_t c = i - ROW_DIST;
+      if (ring[c % RING]) memcpy(out + c * dim, ring[c % RING], rbytes);
+    }
+  }
+  for (size_t s = S; s-- > 0;)
+    if (mark[s]) pthread_rwlock_unlock(&t->shards[s].lock);
+  free(mark);
+  int rc = DYNEMB_OK;
+  if (nstale) { /* as an EVAL lookup of those keys would read them now */
+    int64_t *sk = malloc(nstale * sizeof *sk);
+    float *so = malloc(nstale * rbytes);
+    if (!sk || !so) {
+      rc = dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory for a hinted lookup of "
+                            "%zu keys; use smaller batches",
+                            t->name, n);
+    } else {
+      for (size_t j = 0; j < nstale; j++) sk[j] = keys[stale[j]];
+      rc = lookup_part(t, sk, nstale, 0, 0, so, NULL, NULL, NULL, lc);
+      for (size_t j = 0; !rc && j < nstale; j++)
+        memcpy(out + (size_t)stale[j] * dim, so + j * dim, rbytes);
+    }
+    free(sk);
+    free(so);
+  }
+  free(stale);
+  lc->hits += hits;
+  return rc;
+}
+
+int dynemb_lookup_hinted(dynemb_table *t, const int64_t *keys,
+                         const uint64_t *hints, size_t n, float *out) {
+  dynemb_error_clear();
+  if (!t) return null_table("dynemb_lookup_hinted");
+  if (n == 0) return DYNEMB_OK;
+  if (!keys || !hints || !out)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': hinted lookup of %zu keys got a NULL "
+                            "%s buffer; pass valid buffers",
+                            t->name, n,
+                            !keys ? "keys" : !hints ? "hints" : "output");
+  if (n >= UINT32_MAX)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': hinted lookup of %zu keys is too "
+                            "large; look up fewer than 2^32-1 keys per call",
+                            t->name, n);
+  lookup_counts lc = {0, 0, 0};
+  int rc = lookup_hinted_part(t, keys, hints, n, out, &lc);
+  ADD(&t->n_lookups, (uint64_t)n);
+  if (lc.hits) ADD(&t->n_hits, lc.hits);
+  return rc;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1109,6 +1243,7 @@ int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
     dynemb_shard *sh = &t->shards[s];
     pthread_rwlock_wrlock(&sh->lock);
     uint64_t r = evict_index(&sh->rows, &sh->arena, now, thr);
+    if (r) sh->gen++; /* freed slots may be reused: hints go stale */
     cands += evict_index(&sh->cands, NULL, now, thr);
     if (r && t->cfg.host_vocabulary_size) ADD(&t->rows_total, (uint64_t)0 - r);
     pthread_rwlock_unlock(&sh->lock);
@@ -1131,6 +1266,7 @@ void dynemb_table_clear(dynemb_table *t) {
     dynemb_index_reset(&sh->rows);
     dynemb_index_reset(&sh->cands);
     dynemb_arena_free(&sh->arena);
+    sh->gen++;
   }
   dynemb_slab_pool_release(&t->pool);
   dynemb_slab_pool_release(&t->slot_pool);
@@ -1518,6 +1654,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
     }
     uint64_t rows_after = 0;
     uint32_t max_la = 0; /* the table clock follows the imported stamps */
+    for (uint32_t s = 0; s < t->nshards; s++) t->shards[s].gen++;
     for (size_t i = 0; i < nr; i++) {
       size_t src = rsel[i].v;
       int64_t key = snap->keys[src];

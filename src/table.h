@@ -27,6 +27,10 @@ typedef struct dynemb_shard {
   dynemb_index rows;  /* key -> DYNEMB_LOC(tier, slot), last access */
   dynemb_index cands; /* key -> occurrence count (in loc), last access */
   dynemb_arena arena;
+  /* Bumped (under the write lock) whenever rows of the shard may have left
+   * their slots: eviction that removed rows, clear, import. A row hint
+   * (dynemb_prepare_hints) is valid while it carries the current value. */
+  uint32_t gen;
 } __attribute__((aligned(64))) dynemb_shard;
 
 struct dynemb_table {

@@ -432,6 +432,7 @@ typedef enum phase_kind {
   PH_GATHER_PREFETCH,
   PH_LOOKUP_TRAIN,
   PH_LOOKUP_EVAL,
+  PH_LOOKUP_HINTED,
   PH_APPLY,
   PH_ADAM_LIMIT
 } phase_kind;
@@ -445,6 +446,7 @@ typedef struct worker {
   /* pools: pool_batches * batch keys and positions, same ranks */
   int64_t *keys;
   uint32_t *pos;
+  uint64_t *hints;     /* row hints of the pool's keys (dynemb_prepare_hints) */
   float *out;          /* batch * dim */
   float *grads;        /* batch * dim */
   uint64_t adam_steps; /* adam limit: batches applied (bias correction) */
@@ -552,6 +554,8 @@ static int run_batch(worker *w, size_t bi, uint64_t *unique) {
     return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_TRAIN, 1, w->out);
   case PH_LOOKUP_EVAL:
     return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_EVAL, 1, w->out);
+  case PH_LOOKUP_HINTED:
+    return dynemb_lookup_hinted(w->table, keys, w->hints + bi * B, B, w->out);
   case PH_APPLY: {
     dynemb_apply_stats st;
     int rc = dynemb_apply(w->table, keys, B, w->grads, BENCH_LR, &st);
@@ -859,7 +863,7 @@ static double loadavg_1m(void) {
 }
 
 typedef struct results {
-  phase_result stall, insert, gplain, gpref, lookup, lookup_eval, apply,
+  phase_result stall, insert, gplain, gpref, lookup, lookup_eval, hinted, apply,
       adam_limit;
   int have_adam_limit; /* adam only */
   double gather_limit;
@@ -889,6 +893,7 @@ static void print_json(const bench *b, const results *r) {
          r->row_floats, o->seed, o->min_time);
   printf("  \"lookup_keys_per_s\": %.0f,\n", r->lookup.per_s);
   printf("  \"lookup_eval_keys_per_s\": %.0f,\n", r->lookup_eval.per_s);
+  printf("  \"lookup_hinted_keys_per_s\": %.0f,\n", r->hinted.per_s);
   printf("  \"insert_keys_per_s\": %.0f,\n", r->insert.per_s);
   printf("  \"apply_keys_per_s\": %.0f,\n", r->apply.per_s);
   printf("  \"apply_%s_keys_per_s\": %.0f,\n", opt_label(o->opt_kind),
@@ -901,6 +906,8 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"gather_prefetch_rows_per_s\": %.0f,\n", r->gpref.per_s);
   printf("  \"gather_hugepages\": %s,\n", o->hugepages ? "true" : "false");
   printf("  \"lookup_vs_gather\": %.3f,\n", r->lookup_vs_gather);
+  printf("  \"lookup_hinted_vs_gather\": %.3f,\n",
+         r->gather_limit > 0 ? r->hinted.per_s / r->gather_limit : 0.0);
   printf("  \"apply_vs_gather\": %.3f,\n", r->apply_vs_gather);
   if (r->have_adam_limit)
     printf("  \"adam_limit_rows_per_s\": %.0f,\n"
@@ -928,11 +935,11 @@ static void print_json(const bench *b, const results *r) {
     snprintf(adam_share, sizeof adam_share, "null");
   printf("  \"cpu_share\": {\"stall\": %.2f, \"insert\": %.2f, "
          "\"gather_plain\": %.2f, \"gather_prefetch\": %.2f, \"lookup\": "
-         "%.2f, \"lookup_eval\": %.2f, \"apply\": %.2f, \"adam_limit\": "
-         "%s},\n",
+         "%.2f, \"lookup_eval\": %.2f, \"lookup_hinted\": %.2f, \"apply\": "
+         "%.2f, \"adam_limit\": %s},\n",
          r->stall.cpu_share, r->insert.cpu_share, r->gplain.cpu_share,
          r->gpref.cpu_share, r->lookup.cpu_share, r->lookup_eval.cpu_share,
-         r->apply.cpu_share, adam_share);
+         r->hinted.cpu_share, r->apply.cpu_share, adam_share);
   printf(
       "  \"targets\": {\"lookup_vs_gather\": %.1f, \"apply_vs_gather\": 0.4, "
       "\"bytes_per_row_overhead\": 24, \"max_stall_ms\": 10},\n",
@@ -977,6 +984,7 @@ static void print_human(const bench *b, const results *r) {
   printf("  %-28s %16.0f\n", "  gather prefetch (rows/s)", r->gpref.per_s);
   printf("  %-28s %16.0f\n", "lookup train (keys/s)", r->lookup.per_s);
   printf("  %-28s %16.0f\n", "lookup eval (keys/s)", r->lookup_eval.per_s);
+  printf("  %-28s %16.0f\n", "lookup hinted (keys/s)", r->hinted.per_s);
   printf("  %-28s %16.0f\n", "insert (keys/s)", r->insert.per_s);
   printf("  %-28s %16.0f\n", "apply (keys/s)", r->apply.per_s);
   if (r->have_adam_limit)
@@ -985,6 +993,8 @@ static void print_human(const bench *b, const results *r) {
     printf("  %-28s %16s\n", "adam limit (rows/s)", "n/a (not adam)");
   printf("  %-28s %16.3f %10s%.1f\n", "lookup_vs_gather", r->lookup_vs_gather,
          ">= ", lookup_target);
+  printf("  %-28s %16.3f\n", "lookup_hinted_vs_gather",
+         r->gather_limit > 0 ? r->hinted.per_s / r->gather_limit : 0.0);
   printf("  %-28s %16.3f %10s\n", "apply_vs_gather", r->apply_vs_gather,
          ">= 0.4");
   if (r->have_adam_limit)
@@ -1125,6 +1135,17 @@ int dynemb_cmd_bench(int argc, char **argv) {
   r.lookup = run_phase(&b, ws, PH_LOOKUP_TRAIN, b.table, 0, "lookup (train)");
   r.lookup_eval =
       run_phase(&b, ws, PH_LOOKUP_EVAL, b.table, 0, "lookup (eval)");
+  /* Reads of prepared batches: the pools' row hints, made once (not
+   * timed) as an input pipeline's dynemb_prepare_hints would. */
+  for (int i = 0; i < o->threads; i++) {
+    size_t per = b.pool_batches * o->batch;
+    ws[i].hints = xmalloc(per * sizeof(uint64_t), "row hints");
+    int rc = dynemb_prepare_hints(b.table, ws[i].keys, per,
+                                  DYNEMB_LOOKUP_TRAIN, 1, ws[i].hints);
+    if (rc) die_engine("dynemb_prepare_hints", rc);
+  }
+  r.hinted =
+      run_phase(&b, ws, PH_LOOKUP_HINTED, b.table, 0, "lookup (hinted)");
 
   /* 5. Apply. */
   r.apply = run_phase(&b, ws, PH_APPLY, b.table, 0, "apply");
@@ -1165,6 +1186,7 @@ int dynemb_cmd_bench(int argc, char **argv) {
   for (int i = 0; i < T; i++) {
     free(ws[i].keys);
     free(ws[i].pos);
+    free(ws[i].hints);
     free(ws[i].out);
     free(ws[i].grads);
   }

@@ -1,8 +1,13 @@
 /* dynemb_prepare does to a table exactly what dynemb_lookup does, and its
  * admitted[] says where that lookup returned a row. Reference: a twin table
- * fed the same batches through dynemb_lookup. */
+ * fed the same batches through dynemb_lookup. Row hints: a table prepared
+ * with dynemb_prepare_hints and read with dynemb_lookup_hinted gives what
+ * its twin gives with dynemb_prepare + dynemb_lookup_visible, also when
+ * rows are updated, evicted (stale hints), cleared or imported in between,
+ * and made-up hints stay inside the table. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "dynemb.h"
@@ -81,8 +86,81 @@ static void test_lookup_visible_masks_rows(void) {
   dynemb_registry_clear();
 }
 
+enum { HB = 48, HD = 3, AHEAD = 3 };
+
+static void test_hints_match_visible(void) {
+  dynemb_table *a = mk("hint_a", 2), *b = mk("hint_b", 2);
+  dynemb_table_set_eviction_threshold(a, 4);
+  dynemb_table_set_eviction_threshold(b, 4);
+  uint64_t rng = 99;
+  /* a pipeline AHEAD batches ahead of the step, as in training */
+  int64_t keys[AHEAD][HB];
+  uint64_t hints[AHEAD][HB];
+  uint8_t adm[AHEAD][HB];
+  int stale_rounds = 0;
+  for (int step = 0; step < 120 + AHEAD; step++) {
+    if (step < 120) { /* prepare batch `step` */
+      int k = step % AHEAD;
+      for (int i = 0; i < HB; i++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        keys[k][i] = (int64_t)(rng >> 33) % 61 - 20;
+      }
+      CHECK_OK(dynemb_prepare_hints(a, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step, hints[k]));
+      CHECK_OK(dynemb_prepare(b, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step, adm[k]));
+      for (int i = 0; i < HB; i++) CHECK((hints[k][i] != DYNEMB_NO_HINT) == adm[k][i]);
+    }
+    int s = step - (AHEAD - 1); /* the step reads batch s */
+    if (s < 0) continue;
+    int k = s % AHEAD;
+    if (s % 7 == 3) { /* rows leave their slots between prepare and read */
+      size_t ea = 0, eb = 0;
+      CHECK_OK(dynemb_evict(a, step, &ea));
+      CHECK_OK(dynemb_evict(b, step, &eb));
+      CHECK(ea == eb);
+      stale_rounds += ea > 0;
+    }
+    if (s == 60) {
+      dynemb_table_clear(a);
+      dynemb_table_clear(b);
+    }
+    if (s == 90) { /* import a snapshot of b into both */
+      dynemb_snapshot snap;
+      CHECK_OK(dynemb_table_snapshot(b, &snap));
+      CHECK_OK(dynemb_table_import(a, &snap, DYNEMB_IMPORT_REPLACE, 0, 0));
+      CHECK_OK(dynemb_table_import(b, &snap, DYNEMB_IMPORT_REPLACE, 0, 0));
+      dynemb_snapshot_free(&snap);
+    }
+    float oa[HB * HD], ob[HB * HD], g[HB * HD];
+    CHECK_OK(dynemb_lookup_hinted(a, keys[k], hints[k], HB, oa));
+    CHECK_OK(dynemb_lookup_visible(b, keys[k], HB, adm[k], ob));
+    CHECK(memcmp(oa, ob, sizeof oa) == 0);
+    for (int i = 0; i < HB * HD; i++) g[i] = 0.01f * (float)(i % 5) - 0.02f;
+    CHECK_OK(dynemb_apply(a, keys[k], HB, g, 0.5f, NULL));
+    CHECK_OK(dynemb_apply(b, keys[k], HB, g, 0.5f, NULL));
+  }
+  CHECK(stale_rounds > 3);
+  /* made-up hints: no read outside the table (ASan), no error */
+  int64_t k2[HB];
+  uint64_t junk[HB];
+  float o2[HB * HD];
+  for (int i = 0; i < HB; i++) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    k2[i] = i;
+    junk[i] = rng ^ (rng << 17);
+  }
+  junk[0] = 0;
+  junk[1] = ((uint64_t)3 << 32) | 0xffffffu; /* shard 3, far past its rows */
+  CHECK_OK(dynemb_lookup_hinted(a, k2, junk, HB, o2));
+  CHECK_RC(dynemb_lookup_hinted(a, k2, NULL, HB, o2), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_prepare_hints(a, k2, HB, DYNEMB_LOOKUP_TRAIN, 1, NULL), DYNEMB_EINVAL);
+  dynemb_table_release(a);
+  dynemb_table_release(b);
+  dynemb_registry_clear();
+}
+
 int main(void) {
   RUN(test_prepare_matches_lookup);
   RUN(test_lookup_visible_masks_rows);
+  RUN(test_hints_match_visible);
   return check_summary();
 }

@@ -1,7 +1,8 @@
 /*
  * tsan_pipeline.c -- the calls an input pipeline makes while training runs,
  * at once, under ThreadSanitizer: "pipeline" threads dynemb_prepare batches
- * ahead, "step" threads read them with dynemb_lookup_visible and update them
+ * ahead, "step" threads read them with dynemb_lookup_visible (one of them
+ * with row hints: dynemb_prepare_hints + dynemb_lookup_hinted) and update them
  * with dynemb_apply_filtered, and a "serving" thread keeps replacing the
  * default value. Afterwards every row was updated exactly as often as the
  * steps allowed it, and every value a step read was a row value or one of the
@@ -39,9 +40,16 @@ static void *step(void *arg) {
       idx[i] = (uint32_t)(seed % KEYS);
       keys[i] = key_of(idx[i]);
     }
-    /* the pipeline's part, then the step's */
-    if (dynemb_prepare(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, r, admitted)) COUNT(errors);
-    if (dynemb_lookup_visible(T, keys, BATCH, admitted, out)) COUNT(errors);
+    /* the pipeline's part, then the step's (step thread 1 with row hints) */
+    if (id == 1) {
+      uint64_t hints[BATCH];
+      if (dynemb_prepare_hints(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, r, hints)) COUNT(errors);
+      for (int i = 0; i < BATCH; i++) admitted[i] = hints[i] != DYNEMB_NO_HINT;
+      if (dynemb_lookup_hinted(T, keys, hints, BATCH, out)) COUNT(errors);
+    } else {
+      if (dynemb_prepare(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, r, admitted)) COUNT(errors);
+      if (dynemb_lookup_visible(T, keys, BATCH, admitted, out)) COUNT(errors);
+    }
     for (int i = 0; i < BATCH * DIM; i++) {
       float v = out[i]; /* rows start at 0 and only go down by whole steps */
       int is_default = v == 100.0f || v == 200.0f;
