@@ -90,13 +90,14 @@ def main(argv=None) -> int:
     lr = tf.constant(0.05)
     admitted = [rewrite.prepare(t, i, now) for t, i in zip(names, ids)]
     lookups = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, visible=tf.zeros([0], tf.bool),
-                                 table_name=t, is_train=False)
+                                 hints=tf.zeros([0], tf.int64), table_name=t, is_train=False)
                for t, i, tb in zip(names, ids, tables)]
     ones = [tf.ones([n], tf.bool) for n in sizes]  # steady state: every id admitted
 
     def masked(i, adm, t, tb):  # the rewritten lookup: read-only, hidden ids read the default
         return ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, visible=adm,
-                                 use_visible=True, table_name=t, is_train=False)
+                                 hints=tf.zeros([0], tf.int64), use_visible=True,
+                                 table_name=t, is_train=False)
 
     native_vars = [tf.compat.v1.get_variable(f"native_{t}", [2**18 if t != "wide" else 2**22, d],
                                              initializer=tf.compat.v1.zeros_initializer())

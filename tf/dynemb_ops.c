@@ -17,7 +17,12 @@
  *   DynembLookup  ids(int32|int64, any shape), now(int64 scalar),
  *                 anchor(float, ignored), visible(bool [n], used only when
  *                 attr use_visible is set by a graph rewrite: read-only
- *                 lookup, hidden ids read the default) -> float [n, dim]
+ *                 lookup, hidden ids read the default), hints(int64 [n],
+ *                 used only when attr use_hints is set by a graph rewrite:
+ *                 dynemb_lookup_hinted) -> float [n, dim]
+ *   DynembPrepare ids, now -> admitted bool (ids' shape): dynemb_prepare
+ *   DynembPrepareHints ids, now -> hints int64 (ids' shape, -1 = no row):
+ *                 dynemb_prepare_hints
  *   DynembApply   keys int64 [n], grads float [n, dim], learning_rate float
  *                 scalar, allowed int64 [m] (any order; used only when attr
  *                 filter_allowed is set by a graph rewrite: keys outside it
@@ -128,6 +133,7 @@ typedef struct kstate {
   int is_train;
   int filter_allowed; /* apply: use input `allowed` (set by graph rewrites) */
   int use_visible;    /* lookup: use input `visible` (set by graph rewrites) */
+  int use_hints;      /* lookup: use input `hints` (set by graph rewrites) */
   int64_t shard_index, shard_count, flags; /* import only */
 } kstate;
 
@@ -197,19 +203,22 @@ static void *create_plain(TF_OpKernelConstruction *c) {
 static void *create_lookup(TF_OpKernelConstruction *c) {
   return create_common(c, "is_train", 0);
 }
-/* DynembLookup: is_train, and use_visible. */
+/* DynembLookup: is_train, use_visible and use_hints. */
 static void *create_lookup_visible(TF_OpKernelConstruction *c) {
   kstate *k = create_common(c, "is_train", 0);
   if (!k) return NULL;
   TF_Status *st = TF_NewStatus();
-  TF_Bool b = 0;
+  TF_Bool b = 0, h = 0;
   TF_OpKernelConstruction_GetAttrBool(c, "use_visible", &b, st);
+  if (TF_GetCode(st) == TF_OK)
+    TF_OpKernelConstruction_GetAttrBool(c, "use_hints", &h, st);
   if (TF_GetCode(st) != TF_OK) {
     TF_OpKernelConstruction_Failure(c, st);
     delete_state(k);
     k = NULL;
   } else {
     k->use_visible = b ? 1 : 0;
+    k->use_hints = h ? 1 : 0;
   }
   TF_DeleteStatus(st);
   return k;
@@ -323,11 +332,12 @@ static const int64_t *ids_as_int64(TF_OpKernelContext *ctx, const kstate *k,
 
 static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const kstate *k = p;
-  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL, *visible = NULL;
+  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL, *visible = NULL,
+            *hints = NULL;
   dynemb_table *t = NULL;
   int64_t *wide = NULL;
   if (!(ids = input(ctx, 0)) || !(nowt = input(ctx, 1)) ||
-      !(visible = input(ctx, 3)))
+      !(visible = input(ctx, 3)) || !(hints = input(ctx, 4)))
     goto done;
   int64_t now = 0;
   if (scalar_i64(ctx, nowt, "lookup", "now", &now)) goto done;
@@ -340,7 +350,17 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const int64_t *keys = ids_as_int64(ctx, k, ids, n, "lookup", &wide);
   if (!keys) goto done;
   int rc;
-  if (k->use_visible) {
+  if (k->use_hints) {
+    if (TF_TensorElementCount(hints) != n) {
+      fail(ctx, TF_INVALID_ARGUMENT, "dynemb lookup: table '%s': %lld row "
+           "hints for %lld ids", k->table_name,
+           (long long)TF_TensorElementCount(hints), (long long)n);
+      goto done;
+    }
+    /* int64 -1 is DYNEMB_NO_HINT (UINT64_MAX): same bits */
+    rc = dynemb_lookup_hinted(t, keys, TF_TensorData(hints), (size_t)n,
+                              TF_TensorData(out));
+  } else if (k->use_visible) {
     if (TF_TensorElementCount(visible) != n) {
       fail(ctx, TF_INVALID_ARGUMENT, "dynemb lookup: table '%s': %lld "
            "visibility flags for %lld ids", k->table_name,
@@ -358,6 +378,7 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   if (rc != DYNEMB_OK) fail_engine(ctx, rc, "lookup");
 done:
   free(wide);
+  if (hints) TF_DeleteTensor(hints);
   if (visible) TF_DeleteTensor(visible);
   if (out) TF_DeleteTensor(out);
   if (ids) TF_DeleteTensor(ids);
@@ -372,7 +393,8 @@ done:
 /* The table-side work of a lookup (is_train: count, insert, stamp) ahead of
  * the step, without values: admitted[i] says whether a lookup would have
  * returned the row (true) or the default value (false) for ids[i]. */
-static void prepare_compute(void *p, TF_OpKernelContext *ctx) {
+/* DynembPrepare (admitted flags) and DynembPrepareHints (row hints). */
+static void prepare_common(void *p, TF_OpKernelContext *ctx, int with_hints) {
   const kstate *k = p;
   TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL;
   dynemb_table *t = NULL;
@@ -390,14 +412,18 @@ static void prepare_compute(void *p, TF_OpKernelContext *ctx) {
     goto done;
   }
   for (int d = 0; d < nd; d++) dims[d] = TF_Dim(ids, d);
-  if (!(out = output(ctx, 0, TF_BOOL, dims, nd, 1))) goto done;
+  if (!(out = with_hints ? output(ctx, 0, TF_INT64, dims, nd, sizeof(int64_t))
+                         : output(ctx, 0, TF_BOOL, dims, nd, 1)))
+    goto done;
   const int64_t n = TF_TensorElementCount(ids);
   if (n == 0) goto done;
   const int64_t *keys = ids_as_int64(ctx, k, ids, n, "prepare", &wide);
   if (!keys) goto done;
-  int rc = dynemb_prepare(t, keys, (size_t)n,
-                          k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
-                          now, TF_TensorData(out));
+  const int mode = k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL;
+  int rc = with_hints ? dynemb_prepare_hints(t, keys, (size_t)n, mode, now,
+                                             TF_TensorData(out))
+                      : dynemb_prepare(t, keys, (size_t)n, mode, now,
+                                       TF_TensorData(out));
   if (rc != DYNEMB_OK) fail_engine(ctx, rc, "prepare");
 done:
   free(wide);
@@ -405,6 +431,14 @@ done:
   if (ids) TF_DeleteTensor(ids);
   if (nowt) TF_DeleteTensor(nowt);
   dynemb_table_release(t);
+}
+
+static void prepare_compute(void *p, TF_OpKernelContext *ctx) {
+  prepare_common(p, ctx, 0);
+}
+
+static void prepare_hints_compute(void *p, TF_OpKernelContext *ctx) {
+  prepare_common(p, ctx, 1);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -712,9 +746,10 @@ static void register_op(const char *name, const char *const *attrs,
 __attribute__((constructor)) static void dynemb_register_ops(void) {
   register_op("DynembLookup",
               LIST("table_name: string", "is_train: bool = true",
-                   "use_visible: bool = false", "Tkeys: {int32, int64}"),
+                   "use_visible: bool = false", "use_hints: bool = false",
+                   "Tkeys: {int32, int64}"),
               LIST("ids: Tkeys", "now: int64", "anchor: float",
-                   "visible: bool"),
+                   "visible: bool", "hints: int64"),
               LIST("embeddings: float"), create_lookup_visible,
               lookup_compute);
   register_op("DynembPrepare",
@@ -722,6 +757,11 @@ __attribute__((constructor)) static void dynemb_register_ops(void) {
                    "Tkeys: {int32, int64}"),
               LIST("ids: Tkeys", "now: int64"), LIST("admitted: bool"),
               create_lookup, prepare_compute);
+  register_op("DynembPrepareHints",
+              LIST("table_name: string", "is_train: bool = true",
+                   "Tkeys: {int32, int64}"),
+              LIST("ids: Tkeys", "now: int64"), LIST("hints: int64"),
+              create_lookup, prepare_hints_compute);
   register_op("DynembApply",
               LIST("table_name: string", "filter_allowed: bool = false"),
               LIST("keys: int64", "grads: float", "learning_rate: float",

@@ -399,7 +399,7 @@ def _lookup_grad(op: tf.Operation, grad: Any) -> list:
     # the step's apply never updates a row before the step has read it.
     with tf.control_dependencies([op.outputs[0]]):
         values = tf.identity(tf.convert_to_tensor(grad))
-    return [None, None, tf.IndexedSlices(values, keys), None]
+    return [None, None, tf.IndexedSlices(values, keys), None, None]
 
 
 _EVICT_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient",
@@ -534,6 +534,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         # `visible` is used only when graph modification sets use_visible.
         emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
                                      visible=unused_input(tf.bool),
+                                     hints=unused_input(tf.int64),
                                      table_name=tname, is_train=bool(is_train))
         emb.set_shape([ids.shape.num_elements(), dim])
         lookup_op = emb.op

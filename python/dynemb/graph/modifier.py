@@ -239,11 +239,11 @@ def _rebuild(st: _ModifierState, graph: tf.Graph, name: str, get_next: tf.Operat
             ids = replay(lk.trace, components)
             deps = [previous[lk.table_name]] if lk.table_name in previous else []
             with tf.control_dependencies(deps):  # a table's ids are counted in order
-                adm = rewrite.prepare(lk.table_name, ids, nows[lk.table_name])
-            previous[lk.table_name] = adm
-            admitted.append(adm)
+                hints = rewrite.prepare_hints(lk.table_name, ids, nows[lk.table_name])
+            previous[lk.table_name] = hints
+            admitted.append(hints)  # the lookup reads rows where the hints say
             per_table_ids[lk.table_name].append(ids)
-            per_table_adm[lk.table_name].append(adm)
+            per_table_adm[lk.table_name].append(rewrite.admitted_of(hints))
         keys = [rewrite.trainable_keys(per_table_ids[t], per_table_adm[t]) for t in tables]
         return admitted + keys
 

@@ -63,6 +63,26 @@ def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
     return admitted
 
 
+def prepare_hints(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+    """`prepare`, returning int64 row hints (same shape; -1 where `admitted` would
+    be False): the step's lookup then copies the rows from where the pipeline found
+    them, without probing the table's index (dynemb_lookup_hinted)."""
+    op = getattr(_lib.ops, "dynemb_prepare_hints", None)
+    if op is None:
+        raise GraphModificationError(NEEDS_PREPARE)
+    if ids.dtype not in (tf.int32, tf.int64):
+        raise GraphModificationError(
+            f"table '{table_name}': ids must be int32 or int64, got {ids.dtype.name}")
+    hints = op(ids=ids, now=tf.cast(now, tf.int64), table_name=table_name, is_train=True)
+    hints.set_shape(ids.shape)
+    return hints
+
+
+def admitted_of(hints: tf.Tensor) -> tf.Tensor:
+    """The `admitted` flags that row hints stand for."""
+    return tf.not_equal(hints, tf.constant(-1, tf.int64))
+
+
 def trainable_keys(ids: Sequence[tf.Tensor], admitted: Sequence[tf.Tensor]) -> tf.Tensor:
     """The int64 ids admitted somewhere in the batch (any order, with repeats).
 
@@ -182,7 +202,9 @@ def rewrite_lookup(lookup_op: tf.Operation, admitted: tf.Tensor, table_name: str
     """Makes a DynembLookup read-only and hide the ids that `admitted` (one flag
     per id, any shape) marks as not admitted as of the lookup's own batch: they
     read the table's default value (dynemb_lookup_visible), even if a later
-    batch, prepared ahead, admitted them since. The lookup's gradient still
+    batch, prepared ahead, admitted them since. `admitted` may also be the int64
+    row hints of `prepare_hints` (-1: not admitted); the lookup then copies rows
+    from the hinted places (dynemb_lookup_hinted). The lookup's gradient still
     reaches the table; the apply filter drops what a plain step would drop.
     Returns the lookup's output."""
     del dim  # the engine knows the table's width and default value
@@ -191,12 +213,14 @@ def rewrite_lookup(lookup_op: tf.Operation, admitted: tf.Tensor, table_name: str
                                      f"DynembLookup")
     drop_guard(lookup_op)
     graph = lookup_op.graph
+    hinted = admitted.dtype == tf.int64
     with graph.as_default(), graph.name_scope(None), \
             tf.name_scope(lookup_op.name + "_admitted"):
-        visible = tf.reshape(admitted, [-1])
-    lookup_op._update_input(3, visible)  # pylint: disable=protected-access
+        flat = tf.reshape(admitted, [-1])
+    lookup_op._update_input(4 if hinted else 3, flat)  # pylint: disable=protected-access
     lookup_op._set_attr("is_train", attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
-    lookup_op._set_attr("use_visible", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+    lookup_op._set_attr("use_hints" if hinted else "use_visible",  # pylint: disable=protected-access
+                        attr_value_pb2.AttrValue(b=True))
     return lookup_op.outputs[0]
 
 
