@@ -50,32 +50,28 @@ NEEDS_PREPARE = (
     "ids tensors instead of FeatureSpecs)")
 
 
-def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-    """Train-mode table work for `ids` (any shape); returns `admitted` (same shape)."""
-    op = getattr(_lib.ops, "dynemb_prepare", None)
+def _prepare_op(op_name: str, table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+    op = getattr(_lib.ops, op_name, None)
     if op is None:
         raise GraphModificationError(NEEDS_PREPARE)
     if ids.dtype not in (tf.int32, tf.int64):
         raise GraphModificationError(
             f"table '{table_name}': ids must be int32 or int64, got {ids.dtype.name}")
-    admitted = op(ids=ids, now=tf.cast(now, tf.int64), table_name=table_name, is_train=True)
-    admitted.set_shape(ids.shape)
-    return admitted
+    out = op(ids=ids, now=tf.cast(now, tf.int64), table_name=table_name, is_train=True)
+    out.set_shape(ids.shape)
+    return out
+
+
+def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+    """Train-mode table work for `ids` (any shape); returns `admitted` (same shape)."""
+    return _prepare_op("dynemb_prepare", table_name, ids, now)
 
 
 def prepare_hints(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
     """`prepare`, returning int64 row hints (same shape; -1 where `admitted` would
     be False): the step's lookup then copies the rows from where the pipeline found
     them, without probing the table's index (dynemb_lookup_hinted)."""
-    op = getattr(_lib.ops, "dynemb_prepare_hints", None)
-    if op is None:
-        raise GraphModificationError(NEEDS_PREPARE)
-    if ids.dtype not in (tf.int32, tf.int64):
-        raise GraphModificationError(
-            f"table '{table_name}': ids must be int32 or int64, got {ids.dtype.name}")
-    hints = op(ids=ids, now=tf.cast(now, tf.int64), table_name=table_name, is_train=True)
-    hints.set_shape(ids.shape)
-    return hints
+    return _prepare_op("dynemb_prepare_hints", table_name, ids, now)
 
 
 def admitted_of(hints: tf.Tensor) -> tf.Tensor:
