@@ -26,8 +26,9 @@
  *  - The engine starts threads of its own only to page memory in ahead of
  *    growing tables: one per row-memory pool that has grown past 16 MiB
  *    (at most two per table, named "dynemb-prefault", all signals
- *    blocked), ended when the table is destroyed. A child forked while
- *    they run starts its own when it grows a table.
+ *    blocked, scheduled SCHED_IDLE so they only use idle CPU time), ended
+ *    when the table is destroyed. A child forked while they run starts its
+ *    own when it grows a table.
  *  - "Time" (`now`) is an opaque, caller-chosen clock: global steps, or
  *    seconds (wall time or data timestamps). A table only compares
  *    differences against its eviction_threshold, so the caller must use one

@@ -238,6 +238,13 @@ static int start_worker(dynemb_slab_pool *p) {
   if (rc) return WORKER_FAILED;
   p->worker_pid = getpid();
   (void)pthread_setname_np(p->thread, "dynemb-prefault");
+  /* SCHED_IDLE: it runs on CPU time nobody else wants, never taking a core
+   * from the threads that insert (measured on 2 vCPUs, two inserting
+   * threads: the longest 1024-key call 2.9-5.7 ms in 8 of 8 runs, against
+   * 3.8-49.6 ms and 4 of 8 under 10 ms at normal priority). On a busy
+   * machine the callers then populate themselves when it falls behind. */
+  struct sched_param sp = {0};
+  (void)pthread_setschedparam(p->thread, SCHED_IDLE, &sp);
   return WORKER_RUNNING;
 }
 #endif

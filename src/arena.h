@@ -79,7 +79,7 @@ size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p);
  * populated (page-faulted in) ahead, once the pool holds 16 MiB or more.
  * Inserting threads call it before taking any shard lock. The populating
  * is done by a thread of the pool (started on the first call that needs
- * it, ended by dynemb_slab_pool_destroy), so the kernel zeroing fresh huge
+ * it, ended by dynemb_slab_pool_destroy, SCHED_IDLE), so the kernel zeroing fresh huge
  * pages (0.2-0.5 ms each on the KVM guest measured, up to ~5 ms when the
  * host backs new guest memory) is paid neither under a shard write lock
  * nor in the calling thread; the caller populates one huge page itself
