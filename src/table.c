@@ -915,8 +915,9 @@ static inline void add_floats(float *restrict acc, const float *restrict x,
 /* Apply, in two phases so that a failure changes nothing:
  *  A (no locks): group the batch by shard; per shard, dedupe the keys
  *    (small generation-stamped hash table), sum the gradients of repeated
- *    keys in batch order, check finiteness (ERROR: the whole batch was
- *    scanned up front; a sum that overflows is caught here);
+ *    keys in batch order, check finiteness once per key (a NaN/Inf in any
+ *    occurrence makes the sum non-finite; ERROR names the first bad
+ *    gradient in batch order, or the key whose sum overflows);
  *  B: per shard, under the write lock, probe the unique keys (index
  *    prefetched ahead) and run the optimizer on each row (rows
  *    prefetched ahead). */
@@ -989,6 +990,32 @@ int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys, size_t n,
   return rc;
 }
 
+/* The ENONFINITE error of an apply: the first non-finite gradient element
+ * in batch order, or, if every gradient is finite, the key `q` whose
+ * gradients sum to a non-finite value (overflow). */
+static int nonfinite_error(const dynemb_table *t, const int64_t *keys,
+                           const float *grads, size_t n, const uniq *q) {
+  const size_t dim = (size_t)t->dim;
+  for (size_t i = 0; i < n; i++)
+    if (any_nonfinite(grads + i * dim, dim)) {
+      size_t j = 0;
+      while (j < dim && isfinite(grads[i * dim + j])) j++;
+      return dynemb_error_set(
+          DYNEMB_ENONFINITE,
+          "table '%s': gradient for key %lld (batch position %zu, element "
+          "%zu) is %g; nothing was applied. Fix the loss/inputs, clip "
+          "gradients, or create the table with nonfinite_policy = "
+          "DYNEMB_NONFINITE_SKIP",
+          t->name, (long long)keys[i], i, j,
+          (double)grads[i * dim + (j < dim ? j : 0)]);
+    }
+  return dynemb_error_set(DYNEMB_ENONFINITE,
+                          "table '%s': the %u gradients of key %lld sum to a "
+                          "non-finite value (overflow); nothing was applied. "
+                          "Clip or scale the gradients",
+                          t->name, q->count, (long long)q->key);
+}
+
 /* `allowed` NULL: no filter; else only its keys are updated. */
 static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
                       const float *grads, float learning_rate,
@@ -1016,21 +1043,6 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
       learning_rate < 0 ? t->cfg.optimizer.learning_rate : learning_rate;
   const size_t dim = (size_t)t->dim;
   const int skip = t->cfg.nonfinite_policy == DYNEMB_NONFINITE_SKIP;
-  if (!skip && n > 0 && any_nonfinite(grads, n * dim)) {
-    for (size_t i = 0; i < n; i++)
-      if (any_nonfinite(grads + i * dim, dim)) {
-        size_t j = 0;
-        while (j < dim && isfinite(grads[i * dim + j])) j++;
-        return dynemb_error_set(
-            DYNEMB_ENONFINITE,
-            "table '%s': gradient for key %lld (batch position %zu, element "
-            "%zu) is %g; nothing was applied. Fix the loss/inputs, clip "
-            "gradients, or create the table with nonfinite_policy = "
-            "DYNEMB_NONFINITE_SKIP",
-            t->name, (long long)keys[i], i, j,
-            (double)grads[i * dim + (j < dim ? j : 0)]);
-      }
-  }
   group g = {0};
   dedupe_slot *dd = NULL;
   uniq *u = NULL;
@@ -1106,23 +1118,16 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
         add_floats(acc, x, dim);
     }
   }
+  /* Finiteness, once per key: a NaN or Inf in any occurrence makes the
+   * key's sum non-finite, so checking the sums finds every one. */
   for (size_t k = 0; k < n_uniq; k++) {
     uniq *q = &u[k];
-    if (q->count > 1) {
-      q->grad = sum + (size_t)q->acc * dim;
-      if (any_nonfinite(q->grad, dim)) {
-        if (!skip) { /* finite gradients whose sum overflows */
-          rc = dynemb_error_set(
-              DYNEMB_ENONFINITE,
-              "table '%s': the %u gradients of key %lld sum to a non-finite "
-              "value (overflow); nothing was applied. Clip or scale the "
-              "gradients",
-              t->name, q->count, (long long)q->key);
-          goto done;
-        }
-        q->skip = 1;
+    if (q->count > 1) q->grad = sum + (size_t)q->acc * dim;
+    if (any_nonfinite(q->grad, dim)) {
+      if (!skip) { /* ERROR: name the first bad gradient in batch order */
+        rc = nonfinite_error(t, keys, grads, n, q);
+        goto done;
       }
-    } else if (skip && any_nonfinite(q->grad, dim)) {
       q->skip = 1;
     }
     n_nonfinite += q->skip;
