@@ -22,6 +22,11 @@ def admitted_key(spec_name: str) -> str:
     return f"{RESERVED_PREFIX}/{spec_name}/admitted"
 
 
+def hints_key(spec_name: str) -> str:
+    """Row hints of the spec's ids (int64, -1 = not admitted), training pipelines only."""
+    return f"{RESERVED_PREFIX}/{spec_name}/hints"
+
+
 def trainable_key(table_name: str) -> str:
     return f"{RESERVED_PREFIX}/table/{table_name}/trainable_keys"
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Sequence, Union
 
 import tensorflow as tf
 
-from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, trainable_key
+from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, hints_key, trainable_key
 from dynemb.graph import rewrite
 from dynemb.graph.modifier import DEFAULT_DUMP_DIR, DUMP_DIR_ENV
 from dynemb.util.log import logger
@@ -120,9 +120,11 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
                 continue
             deps = checks + ([previous[s.table_name]] if s.table_name in previous else [])
             with tf.control_dependencies(deps):  # a table's ids are counted in order
-                adm = rewrite.prepare(s.table_name, ids, now)
-            previous[s.table_name] = adm
+                hints = rewrite.prepare_hints(s.table_name, ids, now)
+            previous[s.table_name] = hints
+            adm = rewrite.admitted_of(hints)
             features[admitted_key(s.name)] = adm
+            features[hints_key(s.name)] = hints  # the step's lookup reads rows there
             ids_by_table[s.table_name].append(ids)
             adm_by_table[s.table_name].append(adm)
         if is_training:

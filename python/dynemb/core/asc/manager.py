@@ -21,7 +21,7 @@ import tensorflow as tf
 from dynemb import _lib
 from dynemb.constants.constants import ASCEND_TIMESTAMP
 from dynemb.core import embedding
-from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, trainable_key
+from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, hints_key, trainable_key
 from dynemb.graph import rewrite
 from dynemb.graph.rewrite import GraphModificationError
 from dynemb.util.log import logger
@@ -35,7 +35,7 @@ _HOW = ("call dynemb.core.asc.manager.start_asc_pipeline() after building the mo
 class _FsLookup:
     spec: FeatureSpec
     ids: tf.Tensor                 # the guarded ids tensor given to sparse_lookup
-    admitted: tf.Tensor
+    admitted: tf.Tensor            # or the row hints, where the pipeline made them
     trainable: Optional[tf.Tensor]  # None when the insert function is for eval
 
 
@@ -111,7 +111,9 @@ def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any)
     with tf.control_dependencies([check]):
         ids = tf.identity(raw, name=f"{embedding._op_name(spec.name)}_ids")  # pylint: disable=protected-access
     _state(graph).by_ids[ids.name] = _FsLookup(
-        spec=spec, ids=ids, admitted=tf.convert_to_tensor(features[admitted_key(spec.name)]),
+        spec=spec, ids=ids,
+        admitted=tf.convert_to_tensor(features.get(hints_key(spec.name),
+                                                   features[admitted_key(spec.name)])),
         trainable=tf.convert_to_tensor(trainable) if trainable is not None else None)
     return ids
 
