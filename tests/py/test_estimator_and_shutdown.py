@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import dynemb
 from dynemb.optimizers import adagrad
+from estimator_models import cmp_model_fn
 
 
 def _input_fn():
@@ -98,44 +99,6 @@ def _drift_input_fn():
     return tf.compat.v1.data.Dataset.from_tensor_slices(({"ids": ids}, y)).batch(8)
 
 
-class _Record(tf.compat.v1.train.SessionRunHook):
-    def __init__(self, tensor, out):
-        self.tensor, self.out = tensor, out
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(self.tensor)
-
-    def after_run(self, run_context, run_values):
-        self.out.append(run_values.results)
-
-
-def _cmp_model_fn(modify=False, cfg=None, losses=None, name="cmp_t"):
-    def model_fn(features, labels, mode):
-        opt = adagrad.create_hash_optimizer(learning_rate=0.1, initial_accumulator_value=0.1)
-        t = dynemb.create_table(tf.int64, 4, name, tf.compat.v1.random_uniform_initializer(
-            -0.05, 0.05, seed=2), optimizer_list=[opt])
-        is_train = mode == tf.estimator.ModeKeys.TRAIN
-        e = dynemb.sparse_lookup(t, features["ids"] // 7, is_train=is_train, modify_graph=modify,
-                                 access_and_evict_config=cfg)
-        w = tf.compat.v1.get_variable("w", [4, 1], initializer=tf.compat.v1.ones_initializer())
-        logits = tf.matmul(tf.reduce_sum(e, 1), w)
-        if mode == tf.estimator.ModeKeys.PREDICT:
-            return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
-                                                                      logits=logits))
-        if mode == tf.estimator.ModeKeys.EVAL:
-            return tf.estimator.EstimatorSpec(mode, loss=loss)
-        dense, sparse = dynemb.get_dense_and_sparse_variable()
-        train_op = tf.group(
-            tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=dense),
-            opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse),
-                                global_step=tf.compat.v1.train.get_global_step()))
-        hooks = [_Record(loss, losses)] if losses is not None else []
-        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                          training_hooks=hooks)
-    return model_fn
-
-
 def _export_sorted(name):
     with tf.Graph().as_default(), tf.compat.v1.Session() as s:
         out = s.run(list(dynemb._lib.ops.dynemb_export(table_name=name)))
@@ -150,7 +113,7 @@ def _sessrun_reference(modify, cfg=None, evict_hook=None):
     gs = tf.compat.v1.train.get_or_create_global_step()
     it = tf.compat.v1.data.make_initializable_iterator(_drift_input_fn())
     features, labels = it.get_next()
-    spec = _cmp_model_fn(modify, cfg)(features, labels, tf.estimator.ModeKeys.TRAIN)
+    spec = cmp_model_fn(modify, cfg)(features, labels, tf.estimator.ModeKeys.TRAIN)
     losses = []
     if evict_hook is None:
         if modify:
@@ -180,7 +143,7 @@ def test_estimator_training_equals_sess_run(tmp_path, modify):
     ref_losses, ref_table = _sessrun_reference(modify, cfg)
     dynemb.clear_tables()
     losses = []
-    est = tf.estimator.Estimator(_cmp_model_fn(modify, cfg, losses), str(tmp_path))
+    est = tf.estimator.Estimator(cmp_model_fn(modify, cfg, losses), str(tmp_path))
     est.train(_drift_input_fn, hooks=[GraphModifierHook()] if modify else [])
     keys, values = _export_sorted("cmp_t")
     assert len(losses) == 12
@@ -200,7 +163,7 @@ def test_estimator_with_evict_hook_equals_monitored_training_session(tmp_path):
     dynemb.clear_tables()
     losses = []
     hook = dynemb.EvictHook(evict_enable=True, evict_step_interval=2, evict_time_interval=None)
-    est = tf.estimator.Estimator(_cmp_model_fn(False, cfg, losses), str(tmp_path))
+    est = tf.estimator.Estimator(cmp_model_fn(False, cfg, losses), str(tmp_path))
     est.train(_drift_input_fn, hooks=[hook])
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
     keys, values = _export_sorted("cmp_t")
@@ -212,7 +175,7 @@ def test_estimator_with_evict_hook_equals_monitored_training_session(tmp_path):
 @needs_prepare
 def test_estimator_graph_modifier_hook_with_evict_hook(tmp_path):
     cfg = {"eviction_threshold": 3, "access_threshold": 1}
-    est = tf.estimator.Estimator(_cmp_model_fn(True, cfg), str(tmp_path))
+    est = tf.estimator.Estimator(cmp_model_fn(True, cfg), str(tmp_path))
     hook = dynemb.EvictHook(evict_enable=True, evict_step_interval=1, evict_time_interval=None)
     est.train(_drift_input_fn, hooks=[GraphModifierHook(), hook])
     st = dynemb._lib.table_stats("cmp_t")
@@ -228,10 +191,10 @@ def test_estimator_graph_modifier_hook_with_evict_hook(tmp_path):
 def test_train_and_evaluate_with_graph_modifier_hook(tmp_path):
     cfg = {"access_threshold": 2}
     # Reference: plain lookups, est.train then est.evaluate.
-    ref = tf.estimator.Estimator(_cmp_model_fn(False, cfg, name="ref_t"), str(tmp_path / "ref"))
+    ref = tf.estimator.Estimator(cmp_model_fn(False, cfg, name="ref_t"), str(tmp_path / "ref"))
     ref.train(_drift_input_fn)
     ref_loss = ref.evaluate(_drift_input_fn)["loss"]
-    est = tf.estimator.Estimator(_cmp_model_fn(True, cfg), str(tmp_path / "mod"))
+    est = tf.estimator.Estimator(cmp_model_fn(True, cfg), str(tmp_path / "mod"))
     metrics, _ = tf.estimator.train_and_evaluate(
         est,
         tf.estimator.TrainSpec(_drift_input_fn, max_steps=12, hooks=[GraphModifierHook()]),
@@ -250,7 +213,7 @@ def test_train_and_evaluate_with_graph_modifier_hook(tmp_path):
 @needs_prepare
 @pytest.mark.parametrize("call", ["train", "evaluate", "predict"])
 def test_modify_graph_without_the_hook_is_a_clear_error(tmp_path, call):
-    est = tf.estimator.Estimator(_cmp_model_fn(True), str(tmp_path))
+    est = tf.estimator.Estimator(cmp_model_fn(True), str(tmp_path))
     if call != "train":
         est.train(_drift_input_fn, steps=1, hooks=[GraphModifierHook()])
     with pytest.raises(tf.errors.InvalidArgumentError) as e:

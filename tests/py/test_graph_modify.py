@@ -18,6 +18,7 @@ from dynemb.graph.modifier import (GraphModificationError, GraphModifierHook,
 from dynemb.graph.pipeline import extend_iterator
 from dynemb.graph.trace import TraceError, replay, trace_to_iterator
 from dynemb.optimizers import adagrad, ftrl, gradient_descent
+from estimator_models import cmp_model_fn
 
 needs_prepare = pytest.mark.skipif(
     not hasattr(_lib.ops, "dynemb_prepare"),
@@ -362,31 +363,6 @@ def test_graph_modifier_hook_with_monitored_session():
     assert t.size() == len(np.unique(data["b"]))
 
 
-def _est_model_fn(modify, name):
-    def model_fn(features, labels, mode):
-        opt = adagrad.create_hash_optimizer(learning_rate=0.1, initial_accumulator_value=0.1)
-        t = dynemb.create_table(tf.int64, 4, name, tf.compat.v1.random_uniform_initializer(
-            -0.05, 0.05, seed=2), optimizer_list=[opt])
-        is_train = mode == tf.estimator.ModeKeys.TRAIN
-        e = dynemb.sparse_lookup(t, features["ids"] // 7, is_train=is_train, modify_graph=modify,
-                                 access_and_evict_config={"access_threshold": 2})
-        w = tf.compat.v1.get_variable("w", [4, 1], initializer=tf.compat.v1.ones_initializer())
-        logits = tf.matmul(tf.reduce_sum(e, 1), w)
-        if mode == tf.estimator.ModeKeys.PREDICT:
-            return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
-                                                                      logits=logits))
-        if mode == tf.estimator.ModeKeys.EVAL:
-            return tf.estimator.EstimatorSpec(mode, loss=loss)
-        dense, sparse = dynemb.get_dense_and_sparse_variable()
-        train_op = tf.group(
-            tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=dense),
-            opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse),
-                                global_step=tf.compat.v1.train.get_global_step()))
-        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
-    return model_fn
-
-
 def _est_input_fn_ids():
     return (np.random.RandomState(0).randint(0, 150, size=(64, 3)) * 7).astype(np.int64)
 
@@ -402,7 +378,7 @@ def test_estimator_train_evaluate_predict_with_graph_modifier_hook(tmp_path):
     results = {}
     for modify in (False, True):
         name = "est_mod" if modify else "est_plain"
-        est = tf.estimator.Estimator(_est_model_fn(modify, name), str(tmp_path / name))
+        est = tf.estimator.Estimator(cmp_model_fn(modify, {"access_threshold": 2}, name=name), str(tmp_path / name))
         hooks = [GraphModifierHook()] if modify else []
         est.train(_est_input_fn, hooks=hooks)
         loss = est.evaluate(_est_input_fn, hooks=hooks)["loss"]
