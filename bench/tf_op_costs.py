@@ -12,12 +12,12 @@ to a no-op. dynemb's groups are the ones automatic graph modification builds
 (dynemb.graph.rewrite); native's are what tf.nn.embedding_lookup and
 tf.compat.v1.train.AdagradOptimizer run.
 
-  dynemb (pipeline)  prepare          DynembPrepare (admission count, insert, stamp)
-                     trainable_keys   concat + boolean_mask + unique + sort
-  dynemb (step)      lookup           DynembLookup, read-only
-                     admitted_mask    the lookup's visibility flags (in the engine)
-                     apply_filter     DynembApply's filter on the trainable keys (in the engine)
-                     apply            DynembApply (Adagrad)
+  dynemb (pipeline)  prepare_hints    DynembPrepareHints (admission count, insert,
+                                      stamp; where each id's row is)
+  dynemb (step)      lookup_hinted    DynembLookup reading rows where the hints say
+                     apply_hinted     DynembApply (Adagrad) finding rows by hint
+  dynemb (by key)    lookup, apply    the same ops finding rows by key (plain-mode
+                                      reads, and the fallback filter's apply)
   native (step)      hash             floormod
                      gather           ResourceGather
                      sparse_adagrad   Unique + UnsortedSegmentSum + ResourceSparseApplyAdagrad
@@ -74,7 +74,6 @@ def main(argv=None) -> int:
     batches = [[arrays[n][b] for n in tf_train.CAT_NAMES] + [wide[b].reshape(-1)]
                for b in range(args.batches)]
     ids = [tf.compat.v1.placeholder(tf.int64, [n], name=f"ids_{t}") for n, t in zip(sizes, names)]
-    keys = [tf.compat.v1.placeholder(tf.int64, [None], name=f"keys_{t}") for t in names]
     rng = np.random.default_rng(0)
     grads = [tf.constant(rng.standard_normal((n, d)).astype(np.float32) * 0.01)
              for n, d in zip(sizes, dims)]
@@ -88,16 +87,15 @@ def main(argv=None) -> int:
     now = tf.constant(0, tf.int64)
     ops = dynemb._lib.ops
     lr = tf.constant(0.05)
-    admitted = [rewrite.prepare(t, i, now) for t, i in zip(names, ids)]
+    prepared = [rewrite.prepare_hints(t, i, now) for t, i in zip(names, ids)]
+    hints = [tf.compat.v1.placeholder(tf.int64, [n], name=f"hints_{t}")
+             for n, t in zip(sizes, names)]
     lookups = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, visible=tf.zeros([0], tf.bool),
                                  hints=tf.zeros([0], tf.int64), table_name=t, is_train=False)
                for t, i, tb in zip(names, ids, tables)]
-    ones = [tf.ones([n], tf.bool) for n in sizes]  # steady state: every id admitted
-
-    def masked(i, adm, t, tb):  # the rewritten lookup: read-only, hidden ids read the default
-        return ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, visible=adm,
-                                 hints=tf.zeros([0], tf.int64), use_visible=True,
-                                 table_name=t, is_train=False)
+    hinted = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, visible=tf.zeros([0], tf.bool),
+                                hints=h, use_hints=True, table_name=t, is_train=False)
+              for t, i, tb, h in zip(names, ids, tables, hints)]
 
     native_vars = [tf.compat.v1.get_variable(f"native_{t}", [2**18 if t != "wide" else 2**22, d],
                                              initializer=tf.compat.v1.zeros_initializer())
@@ -105,18 +103,15 @@ def main(argv=None) -> int:
     hashed = [tf.math.floormod(i, v.shape[0]) for i, v in zip(ids, native_vars)]
     native_adagrad = tf.compat.v1.train.AdagradOptimizer(0.05, initial_accumulator_value=0.1)
     groups = {
-        "dynemb.prepare": admitted,
-        "dynemb.prepare+trainable_keys": [rewrite.trainable_keys([i], [a])
-                                          for i, a in zip(ids, admitted)],
+        "dynemb.prepare_hints": prepared,
         "dynemb.lookup": lookups,
-        "dynemb.lookup+admitted_mask": [masked(i, a, t, tb)
-                                        for i, a, t, tb in zip(ids, ones, names, tables)],
-        "dynemb.apply_filtered": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr,
-                                                   allowed=k, filter_allowed=True, table_name=t)
-                                  for i, g, k, t in zip(ids, grads, keys, names)],
+        "dynemb.lookup_hinted": hinted,
         "dynemb.apply": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr,
                                           allowed=tf.zeros([0], tf.int64), table_name=t)
                          for i, g, t in zip(ids, grads, names)],
+        "dynemb.apply_hinted": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr,
+                                                 allowed=h, allowed_are_hints=True, table_name=t)
+                                for i, g, h, t in zip(ids, grads, hints, names)],
         "native.hash": hashed,
         "native.hash+gather": [tf.nn.embedding_lookup(v, h) for v, h in zip(native_vars, hashed)],
         "native.hash+sparse_adagrad": native_adagrad.apply_gradients(
@@ -124,14 +119,13 @@ def main(argv=None) -> int:
     }
     conf = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
                                     inter_op_parallelism_threads=1)
-    feeds = [{**dict(zip(ids, b)), **{k: np.unique(x) for k, x in zip(keys, b)}}
-             for b in batches]
+    feeds = [dict(zip(ids, b)) for b in batches]
     cost = {}
     with tf.compat.v1.Session(config=conf) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         for _ in range(max(args.access_threshold, 1)):  # every id gets its row
             for f in feeds:
-                sess.run(admitted, f)
+                f.update(zip(hints, sess.run(prepared, f)))  # (no eviction: hints stay valid)
         for name, fetch in [("feed", tf.no_op())] + list(groups.items()):
             for f in feeds[:5]:
                 sess.run(fetch, f)
@@ -149,11 +143,12 @@ def main(argv=None) -> int:
     result = {
         "benchmark": "tf_op_costs", "unit": "CPU ms per batch (27 tables), one thread",
         "dynemb": {
-            "pipeline.prepare": c["dynemb.prepare"],
-            "pipeline.trainable_keys": c["dynemb.prepare+trainable_keys"] - c["dynemb.prepare"],
+            "pipeline.prepare_hints": c["dynemb.prepare_hints"],
+            "step.lookup_hinted": c["dynemb.lookup_hinted"],
+            "step.apply_hinted": c["dynemb.apply_hinted"],
+        },
+        "dynemb_by_key": {
             "step.lookup": c["dynemb.lookup"],
-            "step.admitted_mask": c["dynemb.lookup+admitted_mask"] - c["dynemb.lookup"],
-            "step.apply_filter": c["dynemb.apply_filtered"] - c["dynemb.apply"],
             "step.apply": c["dynemb.apply"],
         },
         "native": {
@@ -165,7 +160,7 @@ def main(argv=None) -> int:
                    "access_threshold": args.access_threshold, "runs": args.runs,
                    "rounds": args.rounds, "statistic": "median", "feed_ms": feed, **info},
     }
-    for side in ("dynemb", "native"):
+    for side in ("dynemb", "dynemb_by_key", "native"):
         result[side] = {k: round(v, 3) for k, v in result[side].items()}
         result[side]["total"] = round(sum(result[side].values()), 3)
     print(json.dumps(result) if args.json else json.dumps(result, indent=1), flush=True)

@@ -329,6 +329,21 @@ DYNEMB_API int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys,
                                      const int64_t *allowed, size_t n_allowed,
                                      dynemb_apply_stats *stats);
 
+/* Applies the gradients of a batch prepared with dynemb_prepare_hints,
+ * `hints[i]` being the hint prepare wrote for keys[i] (the same keys, in the
+ * same order, any number of lookups' batches concatenated). A key is
+ * updated when any of its occurrences has a hint other than DYNEMB_NO_HINT
+ * (it had a row once its batch was counted), i.e. dynemb_apply_filtered
+ * with the batch's admitted keys as `allowed`; its row is found through
+ * the hint, without probing the key index, unless the hint is stale
+ * (eviction, clear or import since: the key is then looked up). Made-up
+ * hints never make it write outside the table's memory, but may update
+ * other rows. Errors: as dynemb_apply. */
+DYNEMB_API int dynemb_apply_hinted(dynemb_table *t, const int64_t *keys,
+                                   const uint64_t *hints, size_t n,
+                                   const float *grads, float learning_rate,
+                                   dynemb_apply_stats *stats);
+
 /* Removes rows and admission candidates whose last access is more than
  * eviction_threshold before `now` (DYNEMB_NOW_TABLE_CLOCK: the table
  * clock); their memory is reused by later inserts.

@@ -323,25 +323,30 @@ typedef struct group {
   int64_t *key;    /* [n] keys in shard order (stable within a shard) */
   uint64_t *hash;  /* [n] their hashes */
   uint32_t *pos;   /* [n] their positions in the caller's arrays */
+  uint64_t *hint;  /* [n] their row hints (hinted apply), else NULL */
   uint32_t *start; /* [nshards + 1] segment bounds */
   uint32_t max_seg;
   void *mem;
 } group;
 
-/* Counting sort of n (< 2^32) key positions by shard. */
-static int group_keys(const dynemb_table *t, const int64_t *keys, size_t n,
-                      group *g) {
+/* Counting sort of n (< 2^32) key positions by shard; `hints` (may be
+ * NULL) are carried along, read in order rather than gathered later. */
+static int group_keys(const dynemb_table *t, const int64_t *keys,
+                      const uint64_t *hints, size_t n, group *g) {
   size_t S = t->nshards;
   size_t bytes = n * (sizeof(int64_t) + sizeof(uint64_t) + sizeof(uint32_t) +
                       sizeof(uint16_t)) +
-                 (S + 1) * sizeof(uint32_t) + 64;
+                 (S + 1) * sizeof(uint32_t) + 64 +
+                 (hints ? n * sizeof(uint64_t) : 0);
   char *m = malloc(bytes);
   if (!m) return DYNEMB_ENOMEM;
   g->mem = m;
   g->key = (int64_t *)m;
   g->hash = (uint64_t *)(m + n * 8);
-  g->pos = (uint32_t *)(m + n * 16);
-  g->start = (uint32_t *)(m + n * 20);
+  g->hint = hints ? (uint64_t *)(m + n * 16) : NULL;
+  char *rest = m + n * (hints ? 24 : 16);
+  g->pos = (uint32_t *)rest;
+  g->start = (uint32_t *)(rest + n * 4);
   uint16_t *sid = (uint16_t *)(g->start + S + 1);
   if (S == 1) {
     for (size_t i = 0; i < n; i++) {
@@ -349,6 +354,7 @@ static int group_keys(const dynemb_table *t, const int64_t *keys, size_t n,
       g->hash[i] = dynemb_hash_key(keys[i]);
       g->pos[i] = (uint32_t)i;
     }
+    if (hints) memcpy(g->hint, hints, n * sizeof *hints);
     g->start[0] = 0;
     g->start[1] = (uint32_t)n;
     g->max_seg = (uint32_t)n;
@@ -373,6 +379,7 @@ static int group_keys(const dynemb_table *t, const int64_t *keys, size_t n,
     g->key[j] = keys[i];
     g->hash[j] = dynemb_hash_key(keys[i]);
     g->pos[j] = (uint32_t)i;
+    if (hints) g->hint[j] = hints[i];
   }
   /* now cnt[s] = end of s = start of s + 1; start[0] = 0 */
   g->max_seg = mx;
@@ -902,6 +909,7 @@ typedef struct uniq {
   uint32_t acc;    /* row of the sum buffer, if count > 1 */
   uint32_t skip;   /* nonfinite (policy SKIP) or no row */
   const float *grad; /* the caller's row or the summed row */
+  uint64_t hint;   /* hinted apply: a hint of one occurrence, or NO_HINT */
 } uniq;
 
 /* acc += x over n floats (restrict pointers and a plain loop: gcc
@@ -957,12 +965,27 @@ static void key_set_free(key_set *ks) {
 
 static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
                       const float *grads, float learning_rate,
-                      const key_set *allowed, dynemb_apply_stats *stats);
+                      const key_set *allowed, const uint64_t *hints,
+                      dynemb_apply_stats *stats);
 
 int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
                  const float *grads, float learning_rate,
                  dynemb_apply_stats *stats) {
-  return apply_impl(t, keys, n, grads, learning_rate, NULL, stats);
+  return apply_impl(t, keys, n, grads, learning_rate, NULL, NULL, stats);
+}
+
+int dynemb_apply_hinted(dynemb_table *t, const int64_t *keys,
+                        const uint64_t *hints, size_t n, const float *grads,
+                        float learning_rate, dynemb_apply_stats *stats) {
+  if (t && n > 0 && !hints) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': hinted apply of %zu keys got a NULL "
+                            "hints buffer; pass the hints of "
+                            "dynemb_prepare_hints",
+                            t->name, n);
+  }
+  return apply_impl(t, keys, n, grads, learning_rate, NULL, hints, stats);
 }
 
 int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys, size_t n,
@@ -985,7 +1008,7 @@ int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys, size_t n,
                             "of an apply",
                             t->name, n_allowed);
   }
-  int rc = apply_impl(t, keys, n, grads, learning_rate, &ks, stats);
+  int rc = apply_impl(t, keys, n, grads, learning_rate, &ks, NULL, stats);
   key_set_free(&ks);
   return rc;
 }
@@ -1016,10 +1039,13 @@ static int nonfinite_error(const dynemb_table *t, const int64_t *keys,
                           t->name, q->count, (long long)q->key);
 }
 
-/* `allowed` NULL: no filter; else only its keys are updated. */
+/* `allowed` NULL: no filter; else only its keys are updated. `hints` NULL:
+ * rows are found by key; else (dynemb_apply_hinted) only keys with a hint
+ * are updated, at the hinted row while the hint is current. */
 static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
                       const float *grads, float learning_rate,
-                      const key_set *allowed, dynemb_apply_stats *stats) {
+                      const key_set *allowed, const uint64_t *hints,
+                      dynemb_apply_stats *stats) {
   dynemb_error_clear();
   if (stats) memset(stats, 0, sizeof *stats);
   if (!t) return null_table("dynemb_apply");
@@ -1054,7 +1080,7 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
     __atomic_add_fetch(&t->apply_steps, 1, RELAXED);
     goto done;
   }
-  if (group_keys(t, keys, n, &g)) goto nomem;
+  if (group_keys(t, keys, hints, n, &g)) goto nomem;
   uint64_t dd_cap = 16;
   while (dd_cap < 2 * (uint64_t)g.max_seg) dd_cap *= 2;
   dd = calloc(dd_cap, sizeof *dd);
@@ -1089,10 +1115,12 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
         q->count = 1;
         q->skip = 0;
         q->grad = grads + (size_t)g.pos[j] * dim;
+        q->hint = hints ? g.hint[j] : DYNEMB_NO_HINT;
         uo[j] = nu++;
       } else {
         uniq *q = &u[dd[i].u];
         if (q->count++ == 1) q->acc = multi_rows++;
+        if (hints && q->hint == DYNEMB_NO_HINT) q->hint = g.hint[j];
         uo[j] = dd[i].u;
       }
     }
@@ -1132,7 +1160,14 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
     }
     n_nonfinite += q->skip;
   }
-  /* Keys outside the allowed set are treated as keys without a row. */
+  /* Keys outside the allowed set, or without a hint in a hinted apply,
+   * are treated as keys without a row. */
+  if (hints)
+    for (size_t k = 0; k < n_uniq; k++)
+      if (!u[k].skip && u[k].hint == DYNEMB_NO_HINT) {
+        u[k].skip = 1;
+        n_dropped++;
+      }
   if (allowed)
     for (size_t k = 0; k < n_uniq; k++)
       if (!u[k].skip && !key_set_has(allowed, u[k].key, u[k].hash)) {
@@ -1152,11 +1187,22 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
     if (a == b) continue;
     dynemb_shard *sh = &t->shards[s];
     pthread_rwlock_wrlock(&sh->lock);
-    /* probe: the grad pointer of a key without a row becomes NULL, and the
-     * hash field is reused for the row's location */
+    /* probe: a key without a row is skipped, and the hash field is
+     * reused for the row's location (taken from a current hint as is) */
+    const uint32_t gen = sh->gen & HINT_GEN_MASK;
     for (uint32_t k = a; k < b; k++) {
-      if (k + IDX_PF < b) dynemb_index_prefetch(&sh->rows, u[k + IDX_PF].hash);
       uniq *q = &u[k];
+      if (hints) {
+        if (q->skip) continue;
+        const uint64_t hi = q->hint;
+        if (HINT_SHARD(hi) == s && HINT_GEN(hi) == gen &&
+            DYNEMB_LOC_SLOT(HINT_LOC(hi)) < sh->arena.slots) {
+          q->hash = HINT_LOC(hi);
+          continue;
+        }
+      } else if (k + IDX_PF < b) {
+        dynemb_index_prefetch(&sh->rows, u[k + IDX_PF].hash);
+      }
       dynemb_index_entry *e = dynemb_index_find(&sh->rows, q->key, q->hash);
       if (!e) {
         if (!q->skip) n_dropped++;

@@ -26,7 +26,8 @@
  *   DynembApply   keys int64 [n], grads float [n, dim], learning_rate float
  *                 scalar, allowed int64 [m] (any order; used only when attr
  *                 filter_allowed is set by a graph rewrite: keys outside it
- *                 are dropped) -> applied int64 scalar
+ *                 are dropped; with attr allowed_are_hints instead one row
+ *                 hint per key: dynemb_apply_hinted) -> applied int64 scalar
  *   DynembEvict   now int64 scalar -> evicted int64 scalar
  *   DynembExport  -> meta int64[3] (dim, row_floats, optimizer kind), keys,
  *                 values [rows, row_floats], last_access, cand_keys,
@@ -133,7 +134,8 @@ typedef struct kstate {
   int is_train;
   int filter_allowed; /* apply: use input `allowed` (set by graph rewrites) */
   int use_visible;    /* lookup: use input `visible` (set by graph rewrites) */
-  int use_hints;      /* lookup: use input `hints` (set by graph rewrites) */
+  int use_hints;      /* lookup: use input `hints`; apply: `allowed` holds
+                         one row hint per key (set by graph rewrites) */
   int64_t shard_index, shard_count, flags; /* import only */
 } kstate;
 
@@ -203,29 +205,38 @@ static void *create_plain(TF_OpKernelConstruction *c) {
 static void *create_lookup(TF_OpKernelConstruction *c) {
   return create_common(c, "is_train", 0);
 }
-/* DynembLookup: is_train, use_visible and use_hints. */
-static void *create_lookup_visible(TF_OpKernelConstruction *c) {
-  kstate *k = create_common(c, "is_train", 0);
+/* create_common plus more bool attrs (names[i] into *outs[i]); NULL and a
+ * failed construction if one cannot be read. */
+static kstate *with_bools(TF_OpKernelConstruction *c, kstate *k,
+                          const char *const *names, int *const *outs) {
   if (!k) return NULL;
   TF_Status *st = TF_NewStatus();
-  TF_Bool b = 0, h = 0;
-  TF_OpKernelConstruction_GetAttrBool(c, "use_visible", &b, st);
-  if (TF_GetCode(st) == TF_OK)
-    TF_OpKernelConstruction_GetAttrBool(c, "use_hints", &h, st);
+  for (int i = 0; names[i] && TF_GetCode(st) == TF_OK; i++) {
+    TF_Bool b = 0;
+    TF_OpKernelConstruction_GetAttrBool(c, names[i], &b, st);
+    *outs[i] = b ? 1 : 0;
+  }
   if (TF_GetCode(st) != TF_OK) {
     TF_OpKernelConstruction_Failure(c, st);
     delete_state(k);
     k = NULL;
-  } else {
-    k->use_visible = b ? 1 : 0;
-    k->use_hints = h ? 1 : 0;
   }
   TF_DeleteStatus(st);
   return k;
 }
 
+/* DynembLookup: is_train, use_visible and use_hints. */
+static void *create_lookup_visible(TF_OpKernelConstruction *c) {
+  kstate *k = create_common(c, "is_train", 0);
+  return with_bools(c, k, (const char *const[]){"use_visible", "use_hints", NULL},
+                    k ? (int *const[]){&k->use_visible, &k->use_hints} : NULL);
+}
+
+/* DynembApply: filter_allowed and allowed_are_hints. */
 static void *create_apply(TF_OpKernelConstruction *c) {
-  return create_common(c, "filter_allowed", 0);
+  kstate *k = create_common(c, "filter_allowed", 0);
+  return with_bools(c, k, (const char *const[]){"allowed_are_hints", NULL},
+                    k ? (int *const[]){&k->use_hints} : NULL);
 }
 static void *create_import(TF_OpKernelConstruction *c) {
   return create_common(c, NULL, 1);
@@ -468,8 +479,19 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
     goto done;
   }
   const float lr = *(const float *)TF_TensorData(lrt);
+  if (k->use_hints && TF_TensorElementCount(allowed) != n) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb apply: table '%s': got %lld row "
+         "hints for %lld keys; the graph rewrite must pass one hint per key "
+         "(rebuild the graph with the same dynemb version)", k->table_name,
+         (long long)TF_TensorElementCount(allowed), (long long)n);
+    goto done;
+  }
   dynemb_apply_stats s = {0};
-  int rc = k->filter_allowed
+  int rc = k->use_hints
+               ? dynemb_apply_hinted(t, TF_TensorData(keys),
+                                     TF_TensorData(allowed), (size_t)n,
+                                     TF_TensorData(grads), lr, &s)
+           : k->filter_allowed
                ? dynemb_apply_filtered(
                      t, TF_TensorData(keys), (size_t)n, TF_TensorData(grads),
                      lr, TF_TensorData(allowed),
@@ -763,7 +785,8 @@ __attribute__((constructor)) static void dynemb_register_ops(void) {
               LIST("ids: Tkeys", "now: int64"), LIST("hints: int64"),
               create_lookup, prepare_hints_compute);
   register_op("DynembApply",
-              LIST("table_name: string", "filter_allowed: bool = false"),
+              LIST("table_name: string", "filter_allowed: bool = false",
+                   "allowed_are_hints: bool = false"),
               LIST("keys: int64", "grads: float", "learning_rate: float",
                    "allowed: int64"),
               LIST("applied: int64"), create_apply, apply_compute);

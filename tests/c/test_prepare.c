@@ -4,7 +4,9 @@
  * with dynemb_prepare_hints and read with dynemb_lookup_hinted gives what
  * its twin gives with dynemb_prepare + dynemb_lookup_visible, also when
  * rows are updated, evicted (stale hints), cleared or imported in between,
- * and made-up hints stay inside the table. */
+ * and made-up hints stay inside the table. Hinted apply (dynemb_apply_hinted)
+ * updates what dynemb_apply_filtered does with the batch's admitted keys as
+ * its filter. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,8 +137,15 @@ static void test_hints_match_visible(void) {
     CHECK_OK(dynemb_lookup_visible(b, keys[k], HB, adm[k], ob));
     CHECK(memcmp(oa, ob, sizeof oa) == 0);
     for (int i = 0; i < HB * HD; i++) g[i] = 0.01f * (float)(i % 5) - 0.02f;
-    CHECK_OK(dynemb_apply(a, keys[k], HB, g, 0.5f, NULL));
-    CHECK_OK(dynemb_apply(b, keys[k], HB, g, 0.5f, NULL));
+    int64_t allowed[HB];
+    size_t na = 0;
+    for (int i = 0; i < HB; i++)
+      if (adm[k][i]) allowed[na++] = keys[k][i];
+    dynemb_apply_stats st_a, st_b;
+    CHECK_OK(dynemb_apply_hinted(a, keys[k], hints[k], HB, g, 0.5f, &st_a));
+    CHECK_OK(dynemb_apply_filtered(b, keys[k], HB, g, 0.5f, allowed, na, &st_b));
+    CHECK(st_a.applied == st_b.applied && st_a.unique_keys == st_b.unique_keys);
+    CHECK(st_a.dropped_unknown == st_b.dropped_unknown);
   }
   CHECK(stale_rounds > 3);
   /* made-up hints: no read outside the table (ASan), no error */
@@ -152,6 +161,9 @@ static void test_hints_match_visible(void) {
   junk[1] = ((uint64_t)3 << 32) | 0xffffffu; /* shard 3, far past its rows */
   CHECK_OK(dynemb_lookup_hinted(a, k2, junk, HB, o2));
   CHECK_RC(dynemb_lookup_hinted(a, k2, NULL, HB, o2), DYNEMB_EINVAL);
+  for (int i = 0; i < HB * HD; i++) o2[i] = 0.25f;
+  CHECK_OK(dynemb_apply_hinted(a, k2, junk, HB, o2, 0.1f, NULL));
+  CHECK_RC(dynemb_apply_hinted(a, k2, NULL, HB, o2, 0.1f, NULL), DYNEMB_EINVAL);
   CHECK_RC(dynemb_prepare_hints(a, k2, HB, DYNEMB_LOOKUP_TRAIN, 1, NULL), DYNEMB_EINVAL);
   dynemb_table_release(a);
   dynemb_table_release(b);

@@ -181,10 +181,25 @@ def _data():
             "label": rng.randint(0, 2, size=[N]).astype(np.float32)}
 
 
-def _run_mode(mode, one_shot=False, steps=8):
-    """Trains a small model for `steps` steps; returns (losses, tables).
+def _apply_modes():
+    """table -> how its DynembApply op filters: "hints", "keys" or "none"."""
+    out = {}
+    for op in tf.compat.v1.get_default_graph().get_operations():
+        if op.type == "DynembApply":
+            out[op.get_attr("table_name").decode()] = (
+                "hints" if op.get_attr("allowed_are_hints") else
+                "keys" if op.get_attr("filter_allowed") else "none")
+    return out
 
-    The two lookups of table "items" see disjoint ids (item, item*7+100): in
+
+def _run_mode(mode, one_shot=False, steps=8, reorder_users=False, applies=None):
+    """Trains a small model for `steps` steps; returns (losses, tables).
+    reorder_users: the users gradient reaches its apply op reversed (an apply
+    whose keys are not a concatenation of the lookups' ids). `applies`: a dict
+    that gets _apply_modes() once the graph is ready.
+
+    The two lookups of table "items" see disjoint ids (item, user[:, 0]*7+100,
+    admitted at different positions, with different gradients): in
     plain mode TensorFlow may run them in either order, so ids shared between
     them would be counted for admission in scheduling order."""
     tf.compat.v1.reset_default_graph()
@@ -193,7 +208,7 @@ def _run_mode(mode, one_shot=False, steps=8):
     data = _data()
     ds = tf.data.Dataset.from_tensor_slices(data).batch(BATCH)
     if mode == "fs":
-        ds = ds.map(lambda d: dict(d, item_x=tf.cast(d["item"], tf.int64) * 7 + 100))
+        ds = ds.map(lambda d: dict(d, item_x=d["user"][:, 0] * 7 + 100))
         specs = [FeatureSpec("user", table_name="users", access_threshold=3),
                  FeatureSpec("item", table_name="items", access_threshold=2),
                  FeatureSpec("item_x", table_name="items", access_threshold=2)]
@@ -222,15 +237,19 @@ def _run_mode(mode, one_shot=False, steps=8):
                                   access_and_evict_config={"access_threshold": 3})
         ei = dynemb.sparse_lookup(items, tf.cast(b["item"], tf.int64), modify_graph=modify,
                                   access_and_evict_config={"access_threshold": 2})
-        ex = dynemb.sparse_lookup(items, tf.cast(b["item"], tf.int64) * 7 + 100,
+        ex = dynemb.sparse_lookup(items, b["user"][:, 0] * 7 + 100,
                                   modify_graph=modify,
                                   access_and_evict_config={"access_threshold": 2})
     w = tf.compat.v1.get_variable("w", [2], initializer=tf.compat.v1.constant_initializer(0.3))
-    logits = (tf.reduce_sum(eu, axis=[1, 2]) + tf.reduce_sum((ei + ex) * w, axis=1))
+    logits = (tf.reduce_sum(eu, axis=[1, 2]) + tf.reduce_sum((ei + 2.0 * ex) * w, axis=1))
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=b["label"],
                                                                   logits=logits))
     dense, sparse = dynemb.get_dense_and_sparse_variable()
     grads = tf.gradients(loss, sparse)
+    if reorder_users:
+        grads = [tf.IndexedSlices(tf.reverse(g.values, [0]), tf.reverse(g.indices, [0]),
+                                  g.dense_shape) if v.name == users.variable.name else g
+                 for g, v in zip(grads, sparse)]
     by_table = {users.variable.name: u_opt, items.variable.name: i_opt}
     train = tf.group(
         tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=dense),
@@ -242,6 +261,8 @@ def _run_mode(mode, one_shot=False, steps=8):
         if mode == "fs":
             start_asc_pipeline()
         init_op = it.initializer if it is not None else tf.no_op()
+    if applies is not None:
+        applies.update(_apply_modes())
     losses = []
     with tf.compat.v1.Session() as s:
         s.run(tf.compat.v1.global_variables_initializer())
@@ -277,6 +298,26 @@ def test_three_input_modes_give_the_same_numbers(one_shot):
     # Admission mattered: some ids were never admitted, some crossed the
     # threshold inside a batch.
     assert 0 < len(ref_tables["users"][0]) < len(np.unique(_data()["user"][:8 * BATCH]))
+
+
+@needs_prepare
+def test_apply_takes_row_hints_or_falls_back_to_trainable_keys():
+    """A table whose one apply op takes its lookups' gradients (items: two
+    lookups, TensorFlow concatenates their ids) applies through the row hints;
+    one whose gradient is reordered on the way gets the trainable-keys filter.
+    Both train exactly as plain lookups do."""
+    ref_losses, ref_tables = _run_mode("plain", reorder_users=True)
+    applies = {}
+    losses, tables = _run_mode("modify", reorder_users=True, applies=applies)
+    assert applies == {"users": "keys", "items": "hints"}
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+    for name in ref_tables:
+        np.testing.assert_array_equal(tables[name][0], ref_tables[name][0])
+        np.testing.assert_allclose(tables[name][1], ref_tables[name][1], rtol=1e-6, atol=1e-7)
+    for mode in ("modify", "fs"):
+        applies.clear()
+        _run_mode(mode, applies=applies, steps=1)
+        assert applies == {"users": "hints", "items": "hints"}, mode
 
 
 @needs_prepare

@@ -11,11 +11,14 @@ with an Estimator):
 2. rebuilds each train iterator's pipeline as ``dataset.map(prepare).prefetch(2)``
    where ``prepare`` recomputes those ids and sends them to the engine
    (``DynembPrepare``: admission counting, row insertion, last-access stamps) in
-   tf.data's threads, ahead of the step, and appends the per-id ``admitted``
-   masks and the batch's trainable keys to the element (dynemb.graph.pipeline);
+   tf.data's threads, ahead of the step, and appends the per-id row hints
+   (``DynembPrepareHints``: where each id's row is, -1 where not admitted) to
+   the element (dynemb.graph.pipeline), plus the batch's trainable keys for
+   tables whose apply op is not a plain function of their lookups' gradients;
 3. rewires the graph: every consumer of the old ``get_next`` reads the new one,
-   lookups become read-only and masked, apply ops drop gradients of ids that were
-   not admitted as of their batch (dynemb.graph.rewrite).
+   lookups become read-only and read rows where the hints say, apply ops drop
+   gradients of ids that were not admitted as of their batch and find rows
+   through the hints too (dynemb.graph.rewrite).
 
 ``get_initializer(True/False)`` then returns the train/eval pipelines'
 initializers; running the iterator's own initializer works too (it is chained).
@@ -57,8 +60,6 @@ class _ModifierState:
     one_shot: Dict[bool, bool] = field(default_factory=lambda: {True: False, False: False})
     # reinitializable iterators with several datasets (get_initializer is ambiguous)
     several_datasets: List[str] = field(default_factory=list)
-    # table name -> trainable-key tensors (one per pipeline feeding it)
-    trainable: Dict[str, List[tf.Tensor]] = field(default_factory=dict)
 
 
 _STATES: "weakref.WeakKeyDictionary[tf.Graph, _ModifierState]" = weakref.WeakKeyDictionary()
@@ -181,19 +182,36 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
     if any(lk.is_train for lk in lookups) and not hasattr(_lib.ops, "dynemb_prepare"):
         raise GraphModificationError("modify_graph_and_start_emb_cache: " + rewrite.NEEDS_PREPARE)
 
+    # Tables whose one apply op takes exactly their lookups' gradients get the
+    # lookups' row hints; the others a trainable-keys filter (dynemb.graph.rewrite).
+    train_ops: "OrderedDict[str, List[tf.Operation]]" = OrderedDict()
+    for lk in lookups:
+        if lk.is_train:
+            train_ops.setdefault(lk.table_name, []).append(lk.op)
+    plans = {t: rewrite.plan_hinted_apply(graph, t, ops) for t, ops in train_ops.items()}
+
     # 2. Rebuild the pipelines and rewrite the lookups.
     st = _state(graph)
+    trainable: Dict[str, List[tf.Tensor]] = {}
+    hints_of: Dict[str, tf.Tensor] = {}
     for name, group in groups.items():
         train = [lk for lk in group if lk.is_train]
         get_next = group[0].trace.get_next
         if not train:  # eval-only iterator: nothing to send ahead
             _register_unchanged(st, get_next)
         else:
-            _rebuild(st, graph, name, get_next, train, clocks, prefetch)
+            need_keys = {lk.table_name for lk in train if plans[lk.table_name] is None}
+            _rebuild(st, graph, name, get_next, train, clocks, prefetch, need_keys,
+                     trainable, hints_of)
         for lk in group:
             rewrite.drop_guard(lk.op)  # eval lookups keep reading in place
             st.done.add(lk.op.name)
-    for table, keys in st.trainable.items():
+    for table, plan in plans.items():
+        if plan is not None:
+            rewrite.hint_apply(plan, hints_of)
+            logger.info("automatic graph modification: table '%s' applies through row "
+                        "hints", table)
+    for table, keys in trainable.items():
         n = rewrite.filter_applies(graph, table, keys)
         if not n:
             logger.warning("automatic graph modification: table '%s' has no apply op yet; "
@@ -227,8 +245,12 @@ def _register_unchanged(st: _ModifierState, get_next: tf.Operation) -> None:
 
 
 def _rebuild(st: _ModifierState, graph: tf.Graph, name: str, get_next: tf.Operation,
-             train: List[_Lookup], clocks: Dict, prefetch: int) -> None:
+             train: List[_Lookup], clocks: Dict, prefetch: int, need_keys: set,
+             trainable: Dict[str, List[tf.Tensor]], hints_of: Dict[str, tf.Tensor]) -> None:
+    """Rebuilds one iterator's pipeline; fills `trainable` (table -> trainable
+    keys, for the tables in `need_keys`) and `hints_of` (lookup op -> hints)."""
     tables = list(OrderedDict((lk.table_name, None) for lk in train))
+    key_tables = [t for t in tables if t in need_keys]
 
     def extra_fn(components: List[tf.Tensor]) -> List[tf.Tensor]:
         admitted, per_table_ids, per_table_adm = [], {t: [] for t in tables}, \
@@ -242,9 +264,11 @@ def _rebuild(st: _ModifierState, graph: tf.Graph, name: str, get_next: tf.Operat
                 hints = rewrite.prepare_hints(lk.table_name, ids, nows[lk.table_name])
             previous[lk.table_name] = hints
             admitted.append(hints)  # the lookup reads rows where the hints say
-            per_table_ids[lk.table_name].append(ids)
-            per_table_adm[lk.table_name].append(rewrite.admitted_of(hints))
-        keys = [rewrite.trainable_keys(per_table_ids[t], per_table_adm[t]) for t in tables]
+            if lk.table_name in need_keys:
+                per_table_ids[lk.table_name].append(ids)
+                per_table_adm[lk.table_name].append(rewrite.admitted_of(hints))
+        keys = [rewrite.trainable_keys(per_table_ids[t], per_table_adm[t])
+                for t in key_tables]
         return admitted + keys
 
     try:
@@ -255,8 +279,9 @@ def _rebuild(st: _ModifierState, graph: tf.Graph, name: str, get_next: tf.Operat
     admitted, keys = ext.extras[:len(train)], ext.extras[len(train):]
     for lk, adm in zip(train, admitted):
         rewrite.rewrite_lookup(lk.op, adm, lk.table_name, lk.table.dim)
-    for t, k in zip(tables, keys):
-        st.trainable.setdefault(t, []).append(k)
+        hints_of[lk.op.name] = adm
+    for t, k in zip(key_tables, keys):
+        trainable.setdefault(t, []).append(k)
     if ext.one_shot:
         st.one_shot[True] = True
     if len(ext.initializers) > 1:

@@ -17,13 +17,20 @@ twice), returns the default value where ``admitted`` is False, and the table's
 apply op drops gradient rows of ids outside the trainable keys. Rows that the
 pipeline created for *later* batches therefore neither show through nor get
 trained early, which is what makes the three input modes give the same numbers.
+
+With row hints (``DynembPrepareHints``: int64, -1 where not admitted) the
+trainable keys are not needed when a table's one apply op takes exactly the
+gradients of its prepared lookups (the usual case; see ``plan_hinted_apply``):
+the apply op then gets the hints in the order of its keys and updates an id's
+row when any of its occurrences has a hint, finding the row through it
+(``dynemb_apply_hinted``) -- the same ids as the trainable-keys filter.
 """
 
 from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -220,21 +227,91 @@ def rewrite_lookup(lookup_op: tf.Operation, admitted: tf.Tensor, table_name: str
     return lookup_op.outputs[0]
 
 
-def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tensor]) -> int:
-    """Drops, in every DynembApply of `table_name`, the gradient rows of ids that
-    are not in any of `keys_sets` (int64 trainable keys). Returns how many
-    apply ops were filtered."""
-    applies = [op for op in graph.get_operations() if op.type == "DynembApply"
-               and op.get_attr("table_name").decode() == table_name]
+def _table_applies(graph: tf.Graph, table_name: str) -> List[tf.Operation]:
+    return [op for op in graph.get_operations() if op.type == "DynembApply"
+            and op.get_attr("table_name").decode() == table_name]
+
+
+# How the keys of an apply op are made from lookups' ids: a lookup op (its
+# flattened ids) or a list of such trees concatenated in order.
+HintPlan = Tuple[tf.Operation, Any]
+
+_SAME_ORDER_OPS = ("Identity", "Reshape", "Cast")  # keep the element order
+
+
+def plan_hinted_apply(graph: tf.Graph, table_name: str,
+                      lookup_ops: Sequence[tf.Operation]) -> Optional[HintPlan]:
+    """If `table_name` has exactly one DynembApply op and its keys are the ids of
+    exactly `lookup_ops` (each once: a lookup's gradient carries its ids
+    flattened, and TensorFlow concatenates the indices of several), returns
+    (apply op, tree) where the tree mirrors that concatenation with lookup ops
+    at the leaves; else None (the caller falls back to trainable keys)."""
+    applies = _table_applies(graph, table_name)
+    if len(applies) != 1 or not lookup_ops:
+        return None
+    by_ids: Dict[str, List[tf.Operation]] = {}
+    for op in lookup_ops:
+        by_ids.setdefault(op.inputs[0].name, []).append(op)
+
+    def mirror(t: tf.Tensor, depth: int) -> Any:
+        if depth > 64:
+            return None
+        if by_ids.get(t.name):
+            return by_ids[t.name].pop()
+        op = t.op
+        if op.type in _SAME_ORDER_OPS:
+            return mirror(op.inputs[0], depth + 1)
+        if op.type == "ConcatV2" and tf.get_static_value(op.inputs[-1]) == 0:
+            parts = [mirror(x, depth + 1) for x in op.inputs[:-1]]
+            return None if any(p is None for p in parts) else parts
+        return None
+
+    tree = mirror(applies[0].inputs[0], 0)
+    if tree is None or any(by_ids.values()):
+        return None
+    return applies[0], tree
+
+
+def hint_apply(plan: HintPlan, hints_of: Dict[str, tf.Tensor]) -> None:
+    """Switches the plan's apply op to dynemb_apply_hinted: its `allowed` input
+    becomes the hints of the planned lookups (`hints_of`: lookup op name -> the
+    int64 hints it reads with) in the order of its keys."""
+    apply_op, tree = plan
+    graph = apply_op.graph
+    _claim(graph, table_name=apply_op.get_attr("table_name").decode(), ops=[apply_op])
+
+    def build(node: Any) -> tf.Tensor:
+        if isinstance(node, list):
+            return tf.concat([build(n) for n in node], 0)
+        return tf.reshape(hints_of[node.name], [-1])
+
+    with graph.as_default(), graph.name_scope(None), \
+            tf.name_scope(apply_op.name + "_hints"):
+        hints = build(tree)
+    apply_op._update_input(3, hints)  # pylint: disable=protected-access
+    apply_op._set_attr("allowed_are_hints", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+
+
+def _claim(graph: tf.Graph, table_name: str, ops: Sequence[tf.Operation]) -> None:
+    """Marks apply ops as switched to prepared lookups; an op switched before
+    means lookups of its table were modified twice."""
     filtered = _FILTERED.setdefault(graph, set())
-    again = [op.name for op in applies if op.name in filtered]
+    again = [op.name for op in ops if op.name in filtered]
     if again:
         raise GraphModificationError(
             f"table '{table_name}': apply op '{again[0]}' was already switched to the "
             f"prepared lookups of an earlier modification; build every lookup of a table "
             f"before calling modify_graph_and_start_emb_cache() / start_asc_pipeline()")
+    filtered.update(op.name for op in ops)
+
+
+def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tensor]) -> int:
+    """Drops, in every DynembApply of `table_name`, the gradient rows of ids that
+    are not in any of `keys_sets` (int64 trainable keys). Returns how many
+    apply ops were filtered."""
+    applies = _table_applies(graph, table_name)
+    _claim(graph, table_name, applies)
     for op in applies:
-        filtered.add(op.name)
         with graph.as_default(), graph.name_scope(None), \
                 tf.name_scope(op.name + "_trainable"):
             allowed = (keys_sets[0] if len(keys_sets) == 1 else

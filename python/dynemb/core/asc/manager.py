@@ -165,12 +165,24 @@ def start_asc_pipeline() -> None:
                 f"is_training=True for training pipelines, or sparse_lookup(..., "
                 f"is_train=False)")
     trainable: Dict[str, Dict[str, tf.Tensor]] = {}
+    train_ops: Dict[str, List[tf.Operation]] = {}
+    hints_of: Dict[str, tf.Tensor] = {}
     for r, e in found:
         rewrite.drop_guard(e.ids.op)
         if r["is_train"]:
             rewrite.rewrite_lookup(r["op"], e.admitted, e.spec.table_name, r["table"].dim)
             trainable.setdefault(e.spec.table_name, {})[e.trainable.name] = e.trainable
+            train_ops.setdefault(e.spec.table_name, []).append(r["op"])
+            hints_of[r["op"].name] = e.admitted
         st.done.add(r["op"].name)
+    for table, ops in train_ops.items():
+        # The apply op reads row hints when it takes exactly these lookups'
+        # gradients (dynemb.graph.rewrite); else the trainable keys filter.
+        plan = (rewrite.plan_hinted_apply(graph, table, ops)
+                if all(hints_of[op.name].dtype == tf.int64 for op in ops) else None)
+        if plan is not None:
+            rewrite.hint_apply(plan, hints_of)
+            del trainable[table]
     for table, keys in trainable.items():
         if not rewrite.filter_applies(graph, table, list(keys.values())):
             logger.warning("start_asc_pipeline: table '%s' has no apply op yet; build the "
