@@ -146,7 +146,12 @@ typedef struct dynemb_table_config {
    * `dim` floats, copied; NULL means zeros. */
   const float *default_value;
   int nonfinite_policy; /* enum dynemb_nonfinite_policy */
-  /* Number of lock shards (power of two, 1 .. 4096); 0 = default (256). */
+  /* Number of lock shards (power of two, 1 .. 4096); 0 = default (64).
+   * Each shard has its own rwlock and key index, and a rehash stalls one
+   * shard only: more shards shorten the longest insert call of very large
+   * tables, fewer make batched calls on small tables cheaper (a batch of a
+   * few thousand keys touches nearly every shard). BENCHMARKS.md compares
+   * 16, 64 and 256. */
   int shards;
   /* Storage tiers, in rows. 0 = unlimited for host and ssd, none for
    * device. Only the host tier is implemented in this version: a nonzero

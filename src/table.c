@@ -39,7 +39,7 @@
 #include "init.h"
 #include "optim.h"
 
-#define DEFAULT_SHARDS 256
+#define DEFAULT_SHARDS 64 /* why 64: dynemb.h, dynemb_table_config.shards */
 #define MAX_SHARDS 4096
 #define MAX_DIM 65536
 #define MAX_NAME 255

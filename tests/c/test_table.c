@@ -198,7 +198,7 @@ static void test_config_errors(void) {
   CHECK(dynemb_table_row_floats(t) == 8);
   dynemb_table_config got;
   dynemb_table_get_config(t, &got);
-  CHECK(strcmp(got.name, "cfgt") == 0 && got.dim == 8 && got.shards == 256);
+  CHECK(strcmp(got.name, "cfgt") == 0 && got.dim == 8 && got.shards == 64);
   CHECK(got.name != c.name); /* copied */
   dynemb_table *t2 = NULL;
   CHECK_RC(dynemb_table_create(NULL, &t2), DYNEMB_EINVAL);
