@@ -10,7 +10,7 @@ import tensorflow as tf
 import dynemb
 from dynemb import _lib
 from dynemb.core import embedding
-from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, trainable_key
+from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, hints_key
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
 from dynemb.graph.rewrite import GraphModificationError
@@ -59,7 +59,7 @@ def test_eval_insert_func_adds_components_without_touching_the_engine():
     ds = ds.map(get_asc_insert_func(tgt_key_specs=[FeatureSpec("user", table_name="t")],
                                     is_training=False))
     feats, label = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
-    assert trainable_key("t") not in feats
+    assert hints_key("user") not in feats
     with tf.compat.v1.Session() as s:
         adm, lab = s.run([feats[admitted_key("user")], label])
     np.testing.assert_array_equal(adm, np.ones([2, 2], bool))
@@ -90,15 +90,16 @@ def test_train_insert_func_sends_ids_ahead_with_thresholds_and_timestamps():
     start_asc_pipeline()
     with tf.compat.v1.Session() as s:
         s.run(it.initializer)
-        a1, k1, e1 = s.run([b[admitted_key("user")], b[trainable_key("t")], emb])
-        a2, k2 = s.run([b[admitted_key("user")], b[trainable_key("t")]])
+        a1, h1, e1 = s.run([b[admitted_key("user")], b[hints_key("user")], emb])
+        a2, h2 = s.run([b[admitted_key("user")], b[hints_key("user")]])
     # Batch 1 [5, 5, 6]: 5 admitted at one of its two occurrences.
     assert sorted(a1[0].tolist()) == [False, False, True] and a1[0][2] == 0
-    np.testing.assert_array_equal(np.unique(k1), [5])  # any order, repeats
+    np.testing.assert_array_equal(h1 != -1, a1)  # row hints where admitted
     np.testing.assert_array_equal(np.sort(e1[0, :2, 0]), [0, .5])
     # Batch 2 [6, 7, 5]: 6 reaches 2, 7 is new, 5 has a row.
     np.testing.assert_array_equal(a2, [[True, False, True]])
-    np.testing.assert_array_equal(np.unique(k2), [5, 6])
+    np.testing.assert_array_equal(h2 != -1, a2)
+    assert h2[0, 2] == h1[a1][0] and h2[0, 0] != h2[0, 2]  # 5 kept its row; 6 got one
     # Rows were stamped with each batch's data time.
     with tf.Graph().as_default(), tf.compat.v1.Session() as s:
         out = s.run(list(_lib.ops.dynemb_export(table_name="t")))

@@ -308,12 +308,15 @@ def test_apply_takes_row_hints_or_falls_back_to_trainable_keys():
     Both train exactly as plain lookups do."""
     ref_losses, ref_tables = _run_mode("plain", reorder_users=True)
     applies = {}
-    losses, tables = _run_mode("modify", reorder_users=True, applies=applies)
-    assert applies == {"users": "keys", "items": "hints"}
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
-    for name in ref_tables:
-        np.testing.assert_array_equal(tables[name][0], ref_tables[name][0])
-        np.testing.assert_allclose(tables[name][1], ref_tables[name][1], rtol=1e-6, atol=1e-7)
+    for mode in ("modify", "fs"):
+        applies.clear()
+        losses, tables = _run_mode(mode, reorder_users=True, applies=applies)
+        assert applies == {"users": "keys", "items": "hints"}, mode
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-6, err_msg=mode)
+        for name in ref_tables:
+            np.testing.assert_array_equal(tables[name][0], ref_tables[name][0], err_msg=mode)
+            np.testing.assert_allclose(tables[name][1], ref_tables[name][1], rtol=1e-6,
+                                       atol=1e-7, err_msg=f"{mode} {name}")
     for mode in ("modify", "fs"):
         applies.clear()
         _run_mode(mode, applies=applies, steps=1)

@@ -27,10 +27,6 @@ def hints_key(spec_name: str) -> str:
     return f"{RESERVED_PREFIX}/{spec_name}/hints"
 
 
-def trainable_key(table_name: str) -> str:
-    return f"{RESERVED_PREFIX}/table/{table_name}/trainable_keys"
-
-
 def _nonneg_int(owner: str, field: str, v: Any) -> Optional[int]:
     if v is None:
         return None

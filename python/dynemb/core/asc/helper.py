@@ -3,19 +3,18 @@
 Builds the ``Dataset.map`` function of FeatureSpec mode: for each spec it sends
 the batch's ids to the engine with ``DynembPrepare`` (train: admission counting,
 row insertion, last-access stamps; in tf.data's threads, ahead of the step) and
-adds to the batch, under reserved keys, the per-id ``admitted`` mask and each
-table's trainable keys (see dynemb.graph.rewrite for their meaning).
+adds to the batch, under reserved keys, the per-id ``admitted`` mask and row
+hints (see dynemb.graph.rewrite for their meaning).
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Sequence, Union
 
 import tensorflow as tf
 
-from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, hints_key, trainable_key
+from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, hints_key
 from dynemb.graph import rewrite
 from dynemb.graph.modifier import DEFAULT_DUMP_DIR, DUMP_DIR_ENV
 from dynemb.util.log import logger
@@ -83,7 +82,6 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
     stamp = [s for s in specs if s.is_timestamp]
     for s in id_specs:  # lookups then know that their table counts data time
         s.timestamp_key = stamp[0].index_key if stamp else None
-    tables = list(OrderedDict((s.table_name, None) for s in id_specs))
     is_training = bool(is_training)
 
     def insert_fn(*args: Any) -> Any:
@@ -103,8 +101,6 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
                                f"{sorted(map(str, features))})")
         now = _pipeline_clock(specs, features) if is_training else None
         previous: Dict[str, tf.Tensor] = {}
-        ids_by_table: Dict[str, List[tf.Tensor]] = {t: [] for t in tables}
-        adm_by_table: Dict[str, List[tf.Tensor]] = {t: [] for t in tables}
         for s in id_specs:
             ids = tf.convert_to_tensor(features[s.index_key])
             if ids.dtype not in (tf.int32, tf.int64):
@@ -122,15 +118,8 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
             with tf.control_dependencies(deps):  # a table's ids are counted in order
                 hints = rewrite.prepare_hints(s.table_name, ids, now)
             previous[s.table_name] = hints
-            adm = rewrite.admitted_of(hints)
-            features[admitted_key(s.name)] = adm
-            features[hints_key(s.name)] = hints  # the step's lookup reads rows there
-            ids_by_table[s.table_name].append(ids)
-            adm_by_table[s.table_name].append(adm)
-        if is_training:
-            for t in tables:
-                features[trainable_key(t)] = rewrite.trainable_keys(ids_by_table[t],
-                                                                    adm_by_table[t])
+            features[admitted_key(s.name)] = rewrite.admitted_of(hints)
+            features[hints_key(s.name)] = hints  # the step's lookup and apply use them
         if dump_graph:
             directory = dump_graph if isinstance(dump_graph, str) else \
                 os.environ.get(DUMP_DIR_ENV, DEFAULT_DUMP_DIR)

@@ -21,7 +21,7 @@ import tensorflow as tf
 from dynemb import _lib
 from dynemb.constants.constants import ASCEND_TIMESTAMP
 from dynemb.core import embedding
-from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, hints_key, trainable_key
+from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, hints_key
 from dynemb.graph import rewrite
 from dynemb.graph.rewrite import GraphModificationError
 from dynemb.util.log import logger
@@ -35,8 +35,8 @@ _HOW = ("call dynemb.core.asc.manager.start_asc_pipeline() after building the mo
 class _FsLookup:
     spec: FeatureSpec
     ids: tf.Tensor                 # the guarded ids tensor given to sparse_lookup
-    admitted: tf.Tensor            # or the row hints, where the pipeline made them
-    trainable: Optional[tf.Tensor]  # None when the insert function is for eval
+    admitted: tf.Tensor  # the row hints (training pipelines) or the admitted mask
+    training: bool       # the insert function was made with is_training=True
 
 
 @dataclass
@@ -95,7 +95,7 @@ def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any)
         raise GraphModificationError(
             f"sparse_lookup('{spec.table_name}', FeatureSpec('{spec.name}')): the batch "
             f"belongs to another graph than the default graph")
-    trainable = features.get(trainable_key(spec.table_name))
+    hints = features.get(hints_key(spec.name))
     _set_thresholds(graph, spec)
     ts_key = getattr(spec, "timestamp_key", None)
     if ts_key is not None and ts_key in features:
@@ -112,9 +112,9 @@ def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any)
         ids = tf.identity(raw, name=f"{embedding._op_name(spec.name)}_ids")  # pylint: disable=protected-access
     _state(graph).by_ids[ids.name] = _FsLookup(
         spec=spec, ids=ids,
-        admitted=tf.convert_to_tensor(features.get(hints_key(spec.name),
-                                                   features[admitted_key(spec.name)])),
-        trainable=tf.convert_to_tensor(trainable) if trainable is not None else None)
+        admitted=tf.convert_to_tensor(hints if hints is not None
+                                      else features[admitted_key(spec.name)]),
+        training=hints is not None)
     return ids
 
 
@@ -158,33 +158,39 @@ def start_asc_pipeline() -> None:
                 f"(plain lookup '{r['op'].name}'); give all train lookups of a table the "
                 f"same mode")
     for r, e in found:
-        if r["is_train"] and e.trainable is None:
+        if r["is_train"] and not e.training:
             raise GraphModificationError(
                 f"train lookup '{r['op'].name}' reads FeatureSpec('{e.spec.name}') from a "
                 f"pipeline built with get_asc_insert_func(is_training=False); use "
                 f"is_training=True for training pipelines, or sparse_lookup(..., "
                 f"is_train=False)")
-    trainable: Dict[str, Dict[str, tf.Tensor]] = {}
     train_ops: Dict[str, List[tf.Operation]] = {}
     hints_of: Dict[str, tf.Tensor] = {}
+    lookups_of: Dict[str, List[_FsLookup]] = {}
     for r, e in found:
         rewrite.drop_guard(e.ids.op)
         if r["is_train"]:
             rewrite.rewrite_lookup(r["op"], e.admitted, e.spec.table_name, r["table"].dim)
-            trainable.setdefault(e.spec.table_name, {})[e.trainable.name] = e.trainable
             train_ops.setdefault(e.spec.table_name, []).append(r["op"])
             hints_of[r["op"].name] = e.admitted
+            lookups_of.setdefault(e.spec.table_name, []).append(e)
         st.done.add(r["op"].name)
+    # The apply op reads row hints when it takes exactly these lookups'
+    # gradients (dynemb.graph.rewrite); else the trainable keys filter, whose
+    # keys are then computed in the step from the batch's ids and hints.
+    trainable: Dict[str, List[tf.Tensor]] = {}
     for table, ops in train_ops.items():
-        # The apply op reads row hints when it takes exactly these lookups'
-        # gradients (dynemb.graph.rewrite); else the trainable keys filter.
-        plan = (rewrite.plan_hinted_apply(graph, table, ops)
-                if all(hints_of[op.name].dtype == tf.int64 for op in ops) else None)
+        plan = rewrite.plan_hinted_apply(graph, table, ops)
         if plan is not None:
             rewrite.hint_apply(plan, hints_of)
-            del trainable[table]
+            continue
+        fs = lookups_of[table]
+        with graph.as_default(), graph.name_scope(None), \
+                tf.name_scope(f"dynemb_trainable_{table}"):
+            trainable[table] = [rewrite.trainable_keys(
+                [e.ids for e in fs], [rewrite.admitted_of(e.admitted) for e in fs])]
     for table, keys in trainable.items():
-        if not rewrite.filter_applies(graph, table, list(keys.values())):
+        if not rewrite.filter_applies(graph, table, keys):
             logger.warning("start_asc_pipeline: table '%s' has no apply op yet; build the "
                            "train op before calling start_asc_pipeline()", table)
     logger.info("start_asc_pipeline: %d FeatureSpec lookup(s) started", len(found))
