@@ -620,8 +620,10 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       if (admitted) admitted[i] = e != NULL;
       if (hints) hints[i] = e ? make_hint(sh, shard, e->loc) : DYNEMB_NO_HINT;
       if (e) {
-        r = row_of(sh, e->loc);
-        if (out) prefetch_lines(r, rbytes);
+        if (out) { /* (prepare has no output: no chunk-table read) */
+          r = row_of(sh, e->loc);
+          prefetch_lines(r, rbytes);
+        }
         if (train) stamp(e, now);
         hits++;
       } else if (train) {
