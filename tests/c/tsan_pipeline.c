@@ -2,8 +2,9 @@
  * tsan_pipeline.c -- the calls an input pipeline makes while training runs,
  * at once, under ThreadSanitizer: "pipeline" threads dynemb_prepare batches
  * ahead, "step" threads read them with dynemb_lookup_visible (one of them
- * with row hints: dynemb_prepare_hints + dynemb_lookup_hinted) and update them
- * with dynemb_apply_filtered, and a "serving" thread keeps replacing the
+ * with row hints: dynemb_prepare_hints + dynemb_lookup_hinted, and
+ * dynemb_apply_hinted) and update them with dynemb_apply_filtered, and a
+ * "serving" thread keeps replacing the
  * default value. Afterwards every row was updated exactly as often as the
  * steps allowed it, and every value a step read was a row value or one of the
  * default values.
@@ -31,6 +32,7 @@ static void *step(void *arg) {
   int64_t keys[BATCH];
   uint32_t idx[BATCH];
   uint8_t admitted[BATCH];
+  uint64_t hints[BATCH];
   float out[BATCH * DIM], g[BATCH * DIM];
   for (int i = 0; i < BATCH * DIM; i++) g[i] = 1.0f;
   uint64_t seed = 0x2545f4914f6cdd1dULL * (uint64_t)(id + 1);
@@ -42,7 +44,6 @@ static void *step(void *arg) {
     }
     /* the pipeline's part, then the step's (step thread 1 with row hints) */
     if (id == 1) {
-      uint64_t hints[BATCH];
       if (dynemb_prepare_hints(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, r, hints)) COUNT(errors);
       for (int i = 0; i < BATCH; i++) admitted[i] = hints[i] != DYNEMB_NO_HINT;
       if (dynemb_lookup_hinted(T, keys, hints, BATCH, out)) COUNT(errors);
@@ -59,7 +60,8 @@ static void *step(void *arg) {
     size_t na = 0;
     for (int i = 0; i < BATCH; i++)
       if (admitted[i]) allowed[na++] = keys[i];
-    if (dynemb_apply_filtered(T, keys, BATCH, g, 1.0f, allowed, na, NULL))
+    if (id == 1 ? dynemb_apply_hinted(T, keys, hints, BATCH, g, 1.0f, NULL)
+                : dynemb_apply_filtered(T, keys, BATCH, g, 1.0f, allowed, na, NULL))
       COUNT(errors);
     /* every occurrence of an allowed key adds one gradient unit */
     for (int i = 0; i < BATCH; i++) {
