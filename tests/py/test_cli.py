@@ -1,0 +1,96 @@
+"""The `dynemb` command-line tool: `bench` (a tiny run: its JSON is complete
+and self-consistent, bad arguments are refused by name) and `ckpt inspect` /
+`ckpt verify` on a checkpoint written by the engine. No speed is checked here:
+speed is what `make bench` measures (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dynemb
+from dynemb import _lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLI = os.path.join(ROOT, "build", "dynemb")
+
+pytestmark = pytest.mark.skipif(not os.access(CLI, os.X_OK),
+                                reason="build/dynemb not built (make all)")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_bench_json_is_complete_and_consistent():
+    r = _run("bench", "--rows", "20000", "--dim", "8", "--batch", "512", "--dist",
+             "zipf:1.05", "--threads", "2", "--json", "--min-time", "0.02",
+             "--stall-batch", "256", "--optimizer", "adam")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    rates = ["lookup_keys_per_s", "lookup_eval_keys_per_s", "lookup_hinted_keys_per_s",
+             "insert_keys_per_s", "apply_adam_keys_per_s", "apply_hinted_keys_per_s",
+             "gather_limit_rows_per_s", "adam_limit_rows_per_s"]
+    for k in rates:
+        assert j[k] > 0, k
+    assert j["lookup_vs_gather"] == pytest.approx(
+        j["lookup_keys_per_s"] / j["gather_limit_rows_per_s"], abs=2e-3)
+    assert j["apply_vs_adam_limit"] == pytest.approx(
+        j["apply_adam_keys_per_s"] / j["adam_limit_rows_per_s"], abs=2e-3)
+    assert j["apply_hinted_vs_adam_limit"] == pytest.approx(
+        j["apply_hinted_keys_per_s"] / j["adam_limit_rows_per_s"], abs=2e-3)
+    # The stall pass ran: its longest call is at least its own CPU time.
+    assert j["max_stall_ms"] >= j["max_stall_call_cpu_ms"] * 0.99 > 0
+    assert 0 < j["bytes_per_row_overhead"] < 200
+    assert j["stall_batch"] == 256
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--dist", "pareto"], "--dist"),
+    (["--rows", "0"], "--rows"),
+    (["--threads", "0"], "--threads"),
+])
+def test_bench_refuses_bad_arguments_by_name(args, names):
+    base = {"--rows": "1000", "--dim": "4", "--batch": "64", "--dist": "uniform",
+            "--threads": "1"}
+    base.update(dict(zip(args[::2], args[1::2])))
+    r = _run("bench", *[x for kv in base.items() for x in kv], "--json")
+    assert r.returncode != 0
+    assert names in r.stderr, r.stderr
+
+
+def test_ckpt_inspect_and_verify(tmp_path):
+    dynemb.init(use_dynamic_expansion=True)
+    table = dynemb.create_table(tf.int64, 4, "cli_t", tf.compat.v1.constant_initializer(0.25))
+    emb = dynemb.sparse_lookup(table, tf.constant(np.arange(30, dtype=np.int64)))
+    with tf.compat.v1.Session() as s:
+        s.run(emb)
+    h = _lib.find_table("cli_t")
+    try:
+        tables = (ctypes.c_void_p * 1)(h)
+        _lib.check(_lib.clib.dynemb_checkpoint_save(str(tmp_path).encode(), tables, 1))
+    finally:
+        _lib.clib.dynemb_table_release(h)
+    r = _run("ckpt", "inspect", "--json", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    (entry,) = json.loads(r.stdout)["tables"]
+    assert (entry["name"], entry["rows"], entry["dim"], entry["optimizer"]) == \
+        ("cli_t", 30, 4, "sgd")
+    assert entry["format_version"] >= 1
+    r = _run("ckpt", "verify", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    # A flipped byte in a data file: verify fails and names the file.
+    files = sorted(p for p in tmp_path.rglob("*") if p.is_file() and "MANIFEST" not in p.name)
+    victim = max(files, key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    r = _run("ckpt", "verify", str(tmp_path))
+    assert r.returncode != 0
+    assert victim.name in r.stdout + r.stderr
