@@ -403,6 +403,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def source_version() -> Dict:
+    """The commit of this tree (with "-dirty" when it has changes) and a hash
+    of the op library the dynemb workers load, so that a recorded figure
+    names the code that produced it."""
+    out: Dict = {"commit": None, "ops_lib": None, "ops_lib_sha256": None}
+    try:
+        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        if rev.returncode == 0:
+            dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain",
+                                    "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            out["commit"] = rev.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    lib = os.environ.get("DYNEMB_OPS_LIB") or os.path.join(REPO, "build", "tf",
+                                                          "_dynemb_ops.so")
+    if os.path.isfile(lib):
+        import hashlib
+        with open(lib, "rb") as f:
+            out["ops_lib"] = lib
+            out["ops_lib_sha256"] = hashlib.sha256(f.read()).hexdigest()[:16]
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -534,6 +559,7 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
             "cpus": os.cpu_count(), "machine": platform.machine(),
             "python": platform.python_version(),
             "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "source": source_version(),
             **info,
         },
         "runs": {v: [{k: r[k] for k in ("samples_per_s", "ms_per_step", "samples_per_cpu_s",

@@ -1,0 +1,40 @@
+"""The TensorFlow benchmark programs still run and print what BENCHMARKS.md
+records (tiny runs; no speed is checked: figures come from `make bench-tf`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _last_json(*args: str) -> dict:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_tf_train_json():
+    j = _last_json("bench/tf_train.py", "--json", "--variants", "dynemb,tf_native",
+                   "--repeats", "1", "--steps", "6", "--warmup", "2")
+    assert j["dynemb_samples_per_s"] > 0 and j["tf_native_samples_per_s"] > 0
+    assert j["vs_tf_native"] > 0 and j["tfra_samples_per_s"] is None
+    (run,) = j["runs"]["dynemb"]
+    assert run["loss_last"] < run["loss_first"]  # it trains
+    assert j["config"]["source"]["ops_lib_sha256"]
+
+
+def test_tf_op_costs_json():
+    j = _last_json("bench/tf_op_costs.py", "--json", "--batches", "2", "--runs", "2",
+                   "--rounds", "1", "--batch-size", "64")
+    for side, keys in (("dynemb", ("pipeline.prepare_hints", "step.lookup_hinted",
+                                   "step.apply_hinted")),
+                       ("dynemb_by_key", ("step.lookup", "step.apply")),
+                       ("native", ("step.hash", "step.gather", "step.sparse_adagrad"))):
+        assert set(keys) <= set(j[side]), side
+        assert j[side]["total"] == round(sum(j[side][k] for k in keys), 3)
