@@ -979,8 +979,10 @@ int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
 int dynemb_apply_hinted(dynemb_table *t, const int64_t *keys,
                         const uint64_t *hints, size_t n, const float *grads,
                         float learning_rate, dynemb_apply_stats *stats) {
-  if (t && n > 0 && !hints) {
+  if (!t || (n > 0 && !hints)) {
+    dynemb_error_clear();
     if (stats) memset(stats, 0, sizeof *stats);
+    if (!t) return null_table("dynemb_apply_hinted");
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': hinted apply of %zu keys got a NULL "
                             "hints buffer; pass the hints of "

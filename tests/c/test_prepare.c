@@ -164,6 +164,8 @@ static void test_hints_match_visible(void) {
   for (int i = 0; i < HB * HD; i++) o2[i] = 0.25f;
   CHECK_OK(dynemb_apply_hinted(a, k2, junk, HB, o2, 0.1f, NULL));
   CHECK_RC(dynemb_apply_hinted(a, k2, NULL, HB, o2, 0.1f, NULL), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_apply_hinted(NULL, k2, junk, HB, o2, 0.1f, NULL), DYNEMB_EINVAL);
+  CHECK(strstr(dynemb_last_error(), "dynemb_apply_hinted") != NULL);
   CHECK_RC(dynemb_prepare_hints(a, k2, HB, DYNEMB_LOOKUP_TRAIN, 1, NULL), DYNEMB_EINVAL);
   dynemb_table_release(a);
   dynemb_table_release(b);
