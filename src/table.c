@@ -1153,6 +1153,11 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
   /* Finiteness, once per key: a NaN or Inf in any occurrence makes the
    * key's sum non-finite, so checking the sums finds every one. */
   for (size_t k = 0; k < n_uniq; k++) {
+    if (k + ROW_PF < n_uniq) { /* the rows are scattered in the batch */
+      const uniq *p = &u[k + ROW_PF];
+      prefetch_lines(p->count > 1 ? sum + (size_t)p->acc * dim : p->grad,
+                     dim * sizeof(float));
+    }
     uniq *q = &u[k];
     if (q->count > 1) q->grad = sum + (size_t)q->acc * dim;
     if (any_nonfinite(q->grad, dim)) {
