@@ -27,6 +27,7 @@
  * a caller populates itself when less than PREFAULT_URGENT is ready. */
 #define PREFAULT_AHEAD HUGE_PAGE
 #define PREFAULT_URGENT (HUGE_PAGE / 4)
+#define PREFAULT_MAX_NEED (4 * HUGE_PAGE) /* most a caller populates */
 #define WORKER_NONE 0
 #define WORKER_RUNNING 1
 #define WORKER_FAILED 2
@@ -249,12 +250,15 @@ static int start_worker(dynemb_slab_pool *p) {
 }
 #endif
 
-void dynemb_slab_pool_prefault(dynemb_slab_pool *p) {
+void dynemb_slab_pool_prefault(dynemb_slab_pool *p, size_t need) {
 #if defined(SLAB_FROM_MALLOC) || !defined(MADV_POPULATE_WRITE)
   (void)p; /* malloc'ed slabs (sanitizers) or an old kernel header */
+  (void)need;
 #else
-  char *from = NULL;
-  size_t len = 0;
+  /* A batch too large to cover in advance (throughput, not latency, is
+   * what matters for it) only gets the minimum, as do small ones. */
+  if (need < PREFAULT_URGENT || need > PREFAULT_MAX_NEED)
+    need = PREFAULT_URGENT;
   pthread_mutex_lock(&p->mu);
   if (p->nslabs * p->slab_bytes >= PREFAULT_MIN_BYTES) {
     forget_parent_worker(p);
@@ -264,13 +268,17 @@ void dynemb_slab_pool_prefault(dynemb_slab_pool *p) {
       pthread_cond_signal(&p->cv);
     }
     /* The caller populates itself only when the thread has fallen behind
-     * (or could not start): then the next chunks would fault under a
-     * shard write lock. */
-    if (p->worker != WORKER_RUNNING || ready_ahead(p) < PREFAULT_URGENT)
-      len = next_range(p, HUGE_PAGE, &from);
+     * (or could not start): then its chunks would fault under a shard
+     * write lock, and other threads would wait for that. */
+    char *from = NULL;
+    size_t len;
+    while (ready_ahead(p) < need && (len = next_range(p, need, &from))) {
+      pthread_mutex_unlock(&p->mu);
+      (void)madvise(from, len, MADV_POPULATE_WRITE);
+      pthread_mutex_lock(&p->mu);
+    }
   }
   pthread_mutex_unlock(&p->mu);
-  if (len) (void)madvise(from, len, MADV_POPULATE_WRITE);
 #endif
 }
 

@@ -82,11 +82,14 @@ size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p);
  * it, ended by dynemb_slab_pool_destroy, SCHED_IDLE), so the kernel zeroing fresh huge
  * pages (0.2-0.5 ms each on the KVM guest measured, up to ~5 ms when the
  * host backs new guest memory) is paid neither under a shard write lock
- * nor in the calling thread; the caller populates one huge page itself
- * only when less than a quarter of one is ready (the thread fell behind)
- * or the thread could not be started. It never writes the memory, so it
- * is safe while chunks are in use. */
-void dynemb_slab_pool_prefault(dynemb_slab_pool *p);
+ * nor in the calling thread while the thread keeps up; when less than
+ * `need` bytes (at least a quarter of a huge page) are ready (the thread
+ * fell behind, e.g. on a machine with no idle core) or the thread could not
+ * be started, the caller populates up to `need` itself, so that its inserts
+ * do not fault under a shard lock (a `need` past 8 MiB, a large batch whose
+ * throughput matters more than its latency, counts as a quarter page). It never writes the memory, so it is
+ * safe while chunks are in use. */
+void dynemb_slab_pool_prefault(dynemb_slab_pool *p, size_t need);
 #define DYNEMB_ARENA_NO_SLOT UINT32_MAX
 
 typedef struct dynemb_arena {

@@ -79,6 +79,16 @@ void dynemb_index_spare_free(dynemb_index_spare *sp) {
   sp->slots = NULL;
 }
 
+/* Whether capacity `have` is `want` or a later step of its growth ladder
+ * (want * GROWTH^k, computed the way dynemb_index_growth_for does): a spare
+ * made for a larger batch, or for this call's inserts plus another
+ * thread's, is as good as one made for exactly the next step. */
+static int on_ladder(double want, double have) {
+  for (double c = want; c <= have && c < 4294967295.0; c *= DYNEMB_INDEX_GROWTH)
+    if (c == have) return 1;
+  return 0;
+}
+
 int dynemb_index_reserve_spare(dynemb_index *ix, uint64_t count,
                                dynemb_index_spare *sp) {
   double cf = dynemb_index_growth_for(ix, count);
@@ -86,7 +96,9 @@ int dynemb_index_reserve_spare(dynemb_index *ix, uint64_t count,
   if (cf < 0) return DYNEMB_ENOMEM;
   uint64_t cap = (uint64_t)cf;
   dynemb_index_entry *s;
-  if (sp && sp->slots && sp->cap_f == cf) { /* made ahead, already empty */
+  if (sp && sp->slots && on_ladder(cf, sp->cap_f)) { /* made ahead, empty */
+    cf = sp->cap_f;
+    cap = (uint64_t)cf;
     s = sp->slots;
     sp->slots = NULL;
   } else if (!(s = empty_entries(cap))) {

@@ -126,7 +126,8 @@ double dynemb_index_growth_for(const dynemb_index *ix, uint64_t count);
 int dynemb_index_spare_make(double cap_f, dynemb_index_spare *sp);
 void dynemb_index_spare_free(dynemb_index_spare *sp);
 /* dynemb_index_reserve, taking the array from `sp` (may be NULL) when it
- * was made for the capacity needed now (then sp->slots becomes NULL). */
+ * was made for the capacity needed now or a later step of its growth (then
+ * sp->slots becomes NULL and the index takes that capacity). */
 int dynemb_index_reserve_spare(dynemb_index *ix, uint64_t count,
                                dynemb_index_spare *sp);
 

@@ -649,8 +649,10 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       cnt[dynemb_table_shard_of(t, hs[miss[m]]) + 1]++;
     for (size_t s = 0; s < S; s++) {
       const dynemb_index *ix = &t->shards[s].rows;
+      /* room for twice this call's misses: another thread may insert
+       * into the shard before this one takes its lock */
       grow[s] = cnt[s + 1] && threshold <= 1
-                    ? dynemb_index_growth_for(ix, ix->count + cnt[s + 1])
+                    ? dynemb_index_growth_for(ix, ix->count + 2 * cnt[s + 1])
                     : 0;
       cnt[s + 1] += cnt[s];
     }
@@ -665,8 +667,13 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
   int rc = DYNEMB_OK;
   if (nmiss) {
     /* fault in the memory of the next row chunks now, outside the locks */
-    dynemb_slab_pool_prefault(&t->pool);
-    if (t->slots) dynemb_slab_pool_prefault(&t->slot_pool);
+    /* room for this call's inserts, twice over (another thread may take
+     * from the same memory meanwhile) */
+    const size_t emb_b = (size_t)t->dim * sizeof(float);
+    dynemb_slab_pool_prefault(&t->pool, 2 * (size_t)nmiss * emb_b);
+    if (t->slots)
+      dynemb_slab_pool_prefault(&t->slot_pool,
+                                2 * (size_t)nmiss * emb_b * (size_t)t->slots);
     uint32_t begin = 0;
     for (size_t s = 0; s < S && !rc; s++) {
       uint32_t end = cnt[s];

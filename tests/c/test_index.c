@@ -180,8 +180,8 @@ static void test_loc_encoding(void) {
 }
 
 /* Growth into an array made ahead (outside the lock): taken when it was
- * made for the capacity needed, ignored (left to the caller) otherwise;
- * the result is the same index either way. */
+ * made for the capacity needed (or a later step), ignored (left to the
+ * caller) otherwise; the result is the same index either way. */
 static void test_growth_into_spare(void) {
   dynemb_index a, b;
   dynemb_index_init(&a, 0.25);
@@ -215,12 +215,25 @@ static void test_growth_into_spare(void) {
     CHECK(e && e->loc == (uint32_t)k);
   }
   CHECK(memcmp(a.slots, b.slots, a.cap * sizeof *a.slots) == 0);
-  /* a spare for another capacity is not taken */
+  /* a spare for a capacity off the growth ladder is not taken */
   dynemb_index_spare odd = {NULL, 0};
   CHECK_OK(dynemb_index_spare_make(a.cap_f * 3, &odd));
   CHECK_OK(dynemb_index_reserve_spare(&a, a.limit + 1, &odd));
   CHECK(odd.slots != NULL && a.cap_f != odd.cap_f);
   dynemb_index_spare_free(&odd);
+  /* one made two steps ahead (a batch spanning two steps, or room for
+   * another thread's inserts) is, and the index keeps every entry */
+  double two = dynemb_index_growth_for(&a, (uint64_t)((double)a.limit * 1.3));
+  CHECK(two > a.cap_f * DYNEMB_INDEX_GROWTH);
+  dynemb_index_spare ahead = {NULL, 0};
+  CHECK_OK(dynemb_index_spare_make(two, &ahead));
+  CHECK_OK(dynemb_index_reserve_spare(&a, a.limit + 1, &ahead));
+  CHECK(ahead.slots == NULL && a.cap_f == two);
+  for (int64_t k = 0; k < 50000; k += 7) {
+    dynemb_index_entry *e = dynemb_index_find(&a, k, dynemb_hash_key(k));
+    CHECK(e && e->loc == (uint32_t)k);
+  }
+  CHECK(a.count == 50000);
   dynemb_index_free(&a);
   dynemb_index_free(&b);
 }
