@@ -177,7 +177,9 @@ static size_t next_range(dynemb_slab_pool *p, size_t want, char **from) {
     p->spare = map_slab(p->slab_bytes);
     p->spare_ready = 0;
   }
-  if (!p->spare || p->spare_ready >= want - p->left) return 0;
+  if (!p->spare || p->spare_ready >= want - p->left ||
+      p->spare_ready >= p->slab_bytes) /* never past the slab's end */
+    return 0;
   *from = p->spare + p->spare_ready;
   p->spare_ready += HUGE_PAGE;
   return HUGE_PAGE;

@@ -43,6 +43,7 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cmds.h"
@@ -381,6 +382,13 @@ static double runqueue_wait_s(int fd) {
   return 1e-9 * (double)waiting;
 }
 
+/* Page faults (minor + major) the calling thread has taken so far. */
+static long thread_faults(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru)) return 0;
+  return ru.ru_minflt + ru.ru_majflt;
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -476,6 +484,7 @@ typedef struct worker {
   double max_call_cpu_s; /* insert phases: CPU time of the longest call */
   double max_call_runq_s; /* ...and its time waiting for a CPU (-1: unknown) */
   double max_cpu_call_s; /* insert phases: longest call by CPU time */
+  long max_cpu_call_faults; /* ...and the page faults it took */
   int rc;
   pthread_t th;
 } worker;
@@ -606,6 +615,7 @@ static void run_insert(worker *w) {
     if (p >= R)
       break;
     size_t m = (size_t)(R - p < n ? R - p : n);
+    long f0 = thread_faults();
     double c0 = now_s(), u0 = thread_cpu_s(), q0 = runqueue_wait_s(sfd);
     int rc = dynemb_lookup(w->table, b->all_keys + p, m, DYNEMB_LOOKUP_TRAIN, 0,
                            w->out);
@@ -620,8 +630,10 @@ static void run_insert(worker *w) {
       w->max_call_cpu_s = du;
       w->max_call_runq_s = q0 >= 0 && q1 >= 0 ? q1 - q0 : -1;
     }
-    if (du > w->max_cpu_call_s)
+    if (du > w->max_cpu_call_s) {
       w->max_cpu_call_s = du;
+      w->max_cpu_call_faults = thread_faults() - f0;
+    }
     w->items += m;
     w->calls++;
     uint64_t done = atomic_fetch_add(&b->inserted_done, m) + m;
@@ -689,6 +701,7 @@ typedef struct phase_result {
                               rest of it beyond CPU and this is blocked time
                               (locks, page-fault I/O) */
   double max_cpu_call_ms; /* insert phases: longest call by CPU time */
+  long max_cpu_call_faults; /* page faults taken in that call */
   double secs;            /* longest thread time */
   double cpu_share;       /* thread CPU time / (threads x wall time): below
                              ~0.9 the phase shared the cores with other work */
@@ -712,6 +725,7 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
     w->items = w->calls = w->unique_sum = 0;
     w->secs = w->cpu_secs = w->max_call_s = 0;
     w->max_call_cpu_s = w->max_cpu_call_s = 0;
+    w->max_cpu_call_faults = 0;
     w->max_call_runq_s = -1;
     w->rc = DYNEMB_OK;
     if (pthread_create(&w->th, NULL, worker_main, w)) {
@@ -739,8 +753,10 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
       r.max_call_runq_ms =
           ws[i].max_call_runq_s >= 0 ? ws[i].max_call_runq_s * 1e3 : -1;
     }
-    if (ws[i].max_cpu_call_s * 1e3 > r.max_cpu_call_ms)
+    if (ws[i].max_cpu_call_s * 1e3 > r.max_cpu_call_ms) {
       r.max_cpu_call_ms = ws[i].max_cpu_call_s * 1e3;
+      r.max_cpu_call_faults = ws[i].max_cpu_call_faults;
+    }
   }
   r.per_s = r.secs > 0 ? (double)r.items / r.secs : 0;
   r.cpu_share = wall > 0 ? cpu / wall : 0;
@@ -966,6 +982,8 @@ static void print_json(const bench *b, const results *r) {
     else
       printf("  \"max_stall_call_runqueue_ms\": null,\n");
     printf("  \"max_stall_cpu_ms\": %.3f,\n", r->stall.max_cpu_call_ms);
+    printf("  \"max_stall_cpu_call_page_faults\": %ld,\n",
+           r->stall.max_cpu_call_faults);
   }
   printf("  \"stall_batch\": %zu,\n", o->stall_batch);
   printf("  \"max_insert_call_ms\": %.3f,\n", r->insert.max_call_ms);
