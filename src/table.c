@@ -756,26 +756,28 @@ int dynemb_lookup_visible(dynemb_table *t, const int64_t *keys, size_t n,
                      visible, "dynemb_lookup_visible");
 }
 
-int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
-                   int64_t now, uint8_t *admitted) {
-  if (t && n && keys && !admitted) {
+/* dynemb_prepare and dynemb_prepare_hints: one of `admitted` / `hints`. */
+static int prepare_impl(dynemb_table *t, const int64_t *keys, size_t n,
+                        int mode, int64_t now, uint8_t *admitted,
+                        uint64_t *hints, const char *fn) {
+  if (t && n && keys && !admitted && !hints) {
     dynemb_error_clear();
     return dynemb_error_set(DYNEMB_EINVAL, "table '%s': prepare of %zu keys "
-                            "got a NULL admitted buffer", t->name, n);
+                            "got a NULL %s buffer", t->name, n,
+                            !strcmp(fn, "dynemb_prepare") ? "admitted" : "hints");
   }
-  return lookup_impl(t, keys, n, mode, now, NULL, admitted, NULL, NULL,
-                     "dynemb_prepare");
+  return lookup_impl(t, keys, n, mode, now, NULL, admitted, hints, NULL, fn);
+}
+
+int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
+                   int64_t now, uint8_t *admitted) {
+  return prepare_impl(t, keys, n, mode, now, admitted, NULL, "dynemb_prepare");
 }
 
 int dynemb_prepare_hints(dynemb_table *t, const int64_t *keys, size_t n,
                          int mode, int64_t now, uint64_t *hints) {
-  if (t && n && keys && !hints) {
-    dynemb_error_clear();
-    return dynemb_error_set(DYNEMB_EINVAL, "table '%s': prepare of %zu keys "
-                            "got a NULL hints buffer", t->name, n);
-  }
-  return lookup_impl(t, keys, n, mode, now, NULL, NULL, hints, NULL,
-                     "dynemb_prepare_hints");
+  return prepare_impl(t, keys, n, mode, now, NULL, hints,
+                      "dynemb_prepare_hints");
 }
 
 /* dynemb_lookup_hinted: rows copied from their hinted locations under the

@@ -164,31 +164,26 @@ def start_asc_pipeline() -> None:
                 f"pipeline built with get_asc_insert_func(is_training=False); use "
                 f"is_training=True for training pipelines, or sparse_lookup(..., "
                 f"is_train=False)")
-    train_ops: Dict[str, List[tf.Operation]] = {}
-    hints_of: Dict[str, tf.Tensor] = {}
-    lookups_of: Dict[str, List[_FsLookup]] = {}
+    train: Dict[str, List[tuple]] = {}  # table -> [(lookup op, _FsLookup)]
     for r, e in found:
         rewrite.drop_guard(e.ids.op)
         if r["is_train"]:
             rewrite.rewrite_lookup(r["op"], e.admitted, e.spec.table_name, r["table"].dim)
-            train_ops.setdefault(e.spec.table_name, []).append(r["op"])
-            hints_of[r["op"].name] = e.admitted
-            lookups_of.setdefault(e.spec.table_name, []).append(e)
+            train.setdefault(e.spec.table_name, []).append((r["op"], e))
         st.done.add(r["op"].name)
     # The apply op reads row hints when it takes exactly these lookups'
     # gradients (dynemb.graph.rewrite); else the trainable keys filter, whose
     # keys are then computed in the step from the batch's ids and hints.
     trainable: Dict[str, List[tf.Tensor]] = {}
-    for table, ops in train_ops.items():
-        plan = rewrite.plan_hinted_apply(graph, table, ops)
+    for table, pairs in train.items():
+        plan = rewrite.plan_hinted_apply(graph, table, [op for op, _ in pairs])
         if plan is not None:
-            rewrite.hint_apply(plan, hints_of)
+            rewrite.hint_apply(plan, {op.name: e.admitted for op, e in pairs})
             continue
-        fs = lookups_of[table]
         with graph.as_default(), graph.name_scope(None), \
                 tf.name_scope(f"dynemb_trainable_{table}"):
             trainable[table] = [rewrite.trainable_keys(
-                [e.ids for e in fs], [rewrite.admitted_of(e.admitted) for e in fs])]
+                [e.ids for _, e in pairs], [rewrite.admitted_of(e.admitted) for _, e in pairs])]
     for table, keys in trainable.items():
         if not rewrite.filter_applies(graph, table, keys):
             logger.warning("start_asc_pipeline: table '%s' has no apply op yet; build the "
