@@ -22,7 +22,7 @@
 #define MAX_FULL_SHIFT 12u /* at most 4096 rows per chunk */
 #define SMALL_STEPS 4u     /* first chunk = full chunk / 2^SMALL_STEPS */
 #define HUGE_PAGE ((size_t)2 << 20)
-#define PREFAULT_MIN_BYTES ((size_t)16 << 20) /* see next_range */
+#define PREFAULT_MIN_BYTES ((size_t)16 << 20) /* see prefaulting */
 /* The prefault thread keeps this much populated ahead of the bump pointer;
  * a caller populates itself when less than PREFAULT_URGENT is ready. */
 #define PREFAULT_AHEAD HUGE_PAGE
@@ -119,11 +119,12 @@ void *dynemb_slab_alloc(dynemb_slab_pool *p, size_t bytes) {
     char *s = p->spare;
     if (s) {
       p->ready = s + p->spare_ready;
+      p->claimed = s + p->spare_claimed;
       p->spare = NULL;
-      p->spare_ready = 0;
+      p->spare_ready = p->spare_claimed = 0;
     } else {
       if (!(s = map_slab(p->slab_bytes))) goto out;
-      p->ready = s;
+      p->ready = p->claimed = s;
     }
     p->slabs[p->nslabs++] = s;
     p->cur = s;
@@ -144,55 +145,137 @@ void dynemb_slab_pool_release(dynemb_slab_pool *p) {
   p->nslabs = 0;
   p->cur = NULL;
   p->left = 0;
-  p->ready = NULL;
+  p->ready = p->claimed = NULL;
   p->spare = NULL;
-  p->spare_ready = 0;
+  p->spare_ready = p->spare_claimed = 0;
   pthread_mutex_unlock(&p->mu);
 }
 
 #if !defined(SLAB_FROM_MALLOC) && defined(MADV_POPULATE_WRITE)
-/* Under p->mu: the next range to populate so that `want` bytes are ready
- * ahead of the bump pointer (mapping the next slab near the end of the
- * current one), marked ready; 0 if there is nothing to do. Only pools that
- * have grown past PREFAULT_MIN_BYTES: the memory populated ahead is then a
- * small share, and small tables (many per process, e.g. one per feature)
- * keep their footprint. Their calls fault in little memory anyway. */
-static size_t next_range(dynemb_slab_pool *p, size_t want, char **from) {
-  if (p->nslabs * p->slab_bytes < PREFAULT_MIN_BYTES) return 0;
-  char *end = p->cur + p->left;
-  /* the huge page holding cur was faulted by the chunks before it */
+/* Populating ahead of the bump pointer (all under p->mu).
+ *
+ * `ready` / `spare_ready` mark memory whose populate has finished;
+ * `claimed` / `spare_claimed` also cover populates in flight. Only finished
+ * memory counts for a caller: a range is marked ready when its populate
+ * returns, never when it is handed to a populating thread, since a
+ * SCHED_IDLE prefault thread can be preempted halfway for as long as the
+ * cores stay busy, and a caller that took its claim as done would then
+ * fault the huge page itself under a shard write lock (measured: most of
+ * the page faults of a 2-thread stall pass came from that). Only pools
+ * that have grown past PREFAULT_MIN_BYTES populate ahead: the memory
+ * populated ahead is then a small share, and small tables (many per
+ * process, e.g. one per feature) keep their footprint. Their calls fault
+ * in little memory anyway. */
+
+static int prefaulting(const dynemb_slab_pool *p) {
+  return p->nslabs * p->slab_bytes >= PREFAULT_MIN_BYTES;
+}
+
+/* The huge page holding cur was faulted by the chunks carved before it. */
+static void settle(dynemb_slab_pool *p) {
   char *up = (char *)(((uintptr_t)p->cur + HUGE_PAGE - 1) &
                       ~(uintptr_t)(HUGE_PAGE - 1));
   if (p->ready < up) p->ready = up;
-  if (p->ready < end) {
-    if ((size_t)(p->ready - p->cur) >= want) return 0;
-    size_t len = (size_t)(end - p->ready) < HUGE_PAGE ? (size_t)(end - p->ready)
-                                                      : HUGE_PAGE;
-    *from = p->ready;
-    p->ready += len;
-    return len;
-  }
-  if (p->left >= want) return 0;
-  if (!p->spare) { /* next slab: map it, populate a bit */
-    p->spare = map_slab(p->slab_bytes);
-    p->spare_ready = 0;
-  }
-  if (!p->spare || p->spare_ready >= want - p->left ||
-      p->spare_ready >= p->slab_bytes) /* never past the slab's end */
-    return 0;
-  *from = p->spare + p->spare_ready;
-  p->spare_ready += HUGE_PAGE;
-  return HUGE_PAGE;
+  if (p->claimed < p->ready) p->claimed = p->ready;
 }
 
-/* Bytes populated ahead of the bump pointer (under p->mu). */
-static size_t ready_ahead(const dynemb_slab_pool *p) {
-  size_t a = p->ready > p->cur ? (size_t)(p->ready - p->cur) : 0;
-  return a + (p->spare ? p->spare_ready : 0);
+/* Maps the next slab if there is none, with p->mu released meanwhile:
+ * mmap waits for the process's mmap lock, which a populate in flight in
+ * another thread holds (for up to ~15 ms per huge page on a VM backing
+ * fresh memory), and threads inserting must not queue behind that for
+ * the pool's mutex. */
+static int have_spare(dynemb_slab_pool *p) {
+  if (p->spare) return 1;
+  pthread_mutex_unlock(&p->mu);
+  char *s = map_slab(p->slab_bytes);
+  pthread_mutex_lock(&p->mu);
+  if (s && !p->spare) {
+    p->spare = s;
+    p->spare_ready = p->spare_claimed = 0;
+  } else if (s) { /* another thread mapped one meanwhile */
+    pthread_mutex_unlock(&p->mu);
+    unmap_slab(s, p->slab_bytes);
+    pthread_mutex_lock(&p->mu);
+  }
+  return p->spare != NULL;
+}
+
+/* The prefault thread's next range: the huge page after everything
+ * claimed, while less than `want` bytes past the bump pointer are claimed;
+ * 0 if there is nothing to do. */
+static size_t claim_next(dynemb_slab_pool *p, size_t want, char **from) {
+  for (;;) {
+    if (!prefaulting(p)) return 0;
+    settle(p);
+    char *end = p->cur + p->left;
+    if (p->claimed < end) {
+      if ((size_t)(p->claimed - p->cur) >= want) return 0;
+      size_t len = (size_t)(end - p->claimed) < HUGE_PAGE
+                       ? (size_t)(end - p->claimed)
+                       : HUGE_PAGE;
+      *from = p->claimed;
+      p->claimed += len;
+      return len;
+    }
+    if (p->left + p->spare_claimed >= want) return 0;
+    if (!p->spare) { /* (the mutex is released meanwhile: look again) */
+      if (!have_spare(p)) return 0;
+      continue;
+    }
+    if (p->spare_claimed >= p->slab_bytes) return 0; /* never past its end */
+    *from = p->spare + p->spare_claimed;
+    p->spare_claimed += HUGE_PAGE;
+    return HUGE_PAGE;
+  }
+}
+
+/* A caller's next range: the first part of the `need` bytes past the bump
+ * pointer whose populate has not finished (at most a huge page, claimed or
+ * not: a caller does not wait for another thread's populate, it repeats
+ * it, which the kernel resolves); 0 if all of it is ready. */
+static size_t caller_next(dynemb_slab_pool *p, size_t need, char **from) {
+  for (;;) {
+    if (!prefaulting(p)) return 0;
+    settle(p);
+    char *end = p->cur + p->left;
+    char *target = p->left > need ? p->cur + need : end;
+    size_t len;
+    if (p->ready < target) {
+      *from = p->ready;
+      len = (size_t)(target - p->ready);
+    } else {
+      if (p->left >= need) return 0;
+      if (!p->spare) { /* (the mutex is released meanwhile: look again) */
+        if (!have_spare(p)) return 0;
+        continue;
+      }
+      size_t rest = need - p->left;
+      if (rest > p->slab_bytes) rest = p->slab_bytes;
+      if (p->spare_ready >= rest) return 0;
+      *from = p->spare + p->spare_ready;
+      len = rest - p->spare_ready;
+    }
+    return len < HUGE_PAGE ? len : HUGE_PAGE;
+  }
+}
+
+/* A populate of [from, from + len) returned: the ready marks move past it
+ * (the slab it lies in may have become the newest since). */
+static void mark_done(dynemb_slab_pool *p, char *from, size_t len) {
+  char *newest = p->nslabs ? (char *)p->slabs[p->nslabs - 1] : NULL;
+  if (newest && from >= newest && from < newest + p->slab_bytes) {
+    if (from <= p->ready && from + len > p->ready) p->ready = from + len;
+    if (p->claimed < p->ready) p->claimed = p->ready;
+  } else if (p->spare && from >= p->spare && from < p->spare + p->slab_bytes) {
+    size_t off = (size_t)(from - p->spare);
+    if (off <= p->spare_ready && off + len > p->spare_ready)
+      p->spare_ready = off + len;
+    if (p->spare_claimed < p->spare_ready) p->spare_claimed = p->spare_ready;
+  }
 }
 
 /* The pool's prefault thread: populates ranges (outside the mutex) while
- * next_range finds some, then sleeps until the next request. Populating
+ * claim_next finds some, then sleeps until the next request. Populating
  * never writes data, and slabs are only unmapped when the table is cleared
  * or destroyed, after which a populate in flight is harmless (an error, or
  * pages of a new mapping faulted in early). */
@@ -207,10 +290,11 @@ static void *prefault_main(void *arg) {
     p->requested = 0;
     char *from = NULL;
     size_t len;
-    while (!p->stop && (len = next_range(p, PREFAULT_AHEAD, &from))) {
+    while (!p->stop && (len = claim_next(p, PREFAULT_AHEAD, &from))) {
       pthread_mutex_unlock(&p->mu);
       (void)madvise(from, len, MADV_POPULATE_WRITE);
       pthread_mutex_lock(&p->mu);
+      mark_done(p, from, len);
     }
   }
   pthread_mutex_unlock(&p->mu);
@@ -262,22 +346,23 @@ void dynemb_slab_pool_prefault(dynemb_slab_pool *p, size_t need) {
   if (need < PREFAULT_URGENT || need > PREFAULT_MAX_NEED)
     need = PREFAULT_URGENT;
   pthread_mutex_lock(&p->mu);
-  if (p->nslabs * p->slab_bytes >= PREFAULT_MIN_BYTES) {
+  if (prefaulting(p)) {
     forget_parent_worker(p);
     if (p->worker == WORKER_NONE) p->worker = start_worker(p);
     if (p->worker == WORKER_RUNNING) {
       p->requested = 1;
       pthread_cond_signal(&p->cv);
     }
-    /* The caller populates itself only when the thread has fallen behind
-     * (or could not start): then its chunks would fault under a shard
-     * write lock, and other threads would wait for that. */
+    /* The caller populates itself what is not ready of its `need` (the
+     * thread fell behind, or could not start): else its chunks would fault
+     * under a shard write lock, and other threads would wait for that. */
     char *from = NULL;
     size_t len;
-    while (ready_ahead(p) < need && (len = next_range(p, need, &from))) {
+    while ((len = caller_next(p, need, &from))) {
       pthread_mutex_unlock(&p->mu);
       (void)madvise(from, len, MADV_POPULATE_WRITE);
       pthread_mutex_lock(&p->mu);
+      mark_done(p, from, len);
     }
   }
   pthread_mutex_unlock(&p->mu);

@@ -55,8 +55,10 @@ typedef struct dynemb_slab_pool {
   void **slabs;        /* every slab, for release */
   size_t nslabs, slabs_cap;
   char *ready;         /* the newest slab is populated up to here */
+  char *claimed;       /* ...and being populated up to here (>= ready) */
   char *spare;         /* the next slab, mapped ahead by prefault, or NULL */
   size_t spare_ready;  /* bytes of `spare` populated */
+  size_t spare_claimed; /* ...and being populated (>= spare_ready) */
   /* the prefault thread (started by the first prefault call that needs it) */
   pthread_cond_t cv;   /* wakes the thread: requested or stop */
   pthread_t thread;

@@ -70,13 +70,16 @@ static dynemb_index_entry *empty_entries(uint64_t cap) {
 
 int dynemb_index_spare_make(double cap_f, dynemb_index_spare *sp) {
   sp->cap_f = cap_f;
+  sp->retired = NULL;
   sp->slots = cap_f > 0 ? empty_entries((uint64_t)cap_f) : NULL;
   return sp->slots || cap_f <= 0 ? DYNEMB_OK : DYNEMB_ENOMEM;
 }
 
 void dynemb_index_spare_free(dynemb_index_spare *sp) {
   free(sp->slots);
+  free(sp->retired);
   sp->slots = NULL;
+  sp->retired = NULL;
 }
 
 /* Whether capacity `have` is `want` or a later step of its growth ladder
@@ -115,7 +118,12 @@ int dynemb_index_reserve_spare(dynemb_index *ix, uint64_t count,
         if (++j == cap) j = 0;
       s[j] = *e;
     }
-    free(ix->slots);
+    if (sp) { /* freed by the caller, after its lock */
+      free(sp->retired); /* (a second growth in one locked section) */
+      sp->retired = ix->slots;
+    } else {
+      free(ix->slots);
+    }
   }
   ix->slots = s;
   ix->cap = cap;

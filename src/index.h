@@ -112,10 +112,15 @@ int dynemb_index_reserve(dynemb_index *ix, uint64_t count);
 /* Growth prepared outside the lock that protects an index: the kernel
  * faulting in and the filling of a new entry array (~2 ms for 4 MB on the
  * VM measured) then happen before the lock is taken, and only the rehash
- * itself runs under it. */
+ * itself runs under it. The array the index grew out of is handed back in
+ * `retired`, to be freed after the lock is released: freeing a large array
+ * unmaps it, which waits for the process's mmap lock, and that waits for
+ * any page-fault work in flight in other threads (a huge-page populate of
+ * a few to ~15 ms on a VM backing fresh memory). */
 typedef struct dynemb_index_spare {
-  dynemb_index_entry *slots; /* empty entries, or NULL */
-  double cap_f;              /* the exact capacity they were made for */
+  dynemb_index_entry *slots;   /* empty entries, or NULL */
+  double cap_f;                /* the exact capacity they were made for */
+  dynemb_index_entry *retired; /* the replaced array (free it), or NULL */
 } dynemb_index_spare;
 
 /* The exact capacity dynemb_index_reserve(ix, count) would grow to: 0 when
@@ -127,7 +132,9 @@ int dynemb_index_spare_make(double cap_f, dynemb_index_spare *sp);
 void dynemb_index_spare_free(dynemb_index_spare *sp);
 /* dynemb_index_reserve, taking the array from `sp` (may be NULL) when it
  * was made for the capacity needed now or a later step of its growth (then
- * sp->slots becomes NULL and the index takes that capacity). */
+ * sp->slots becomes NULL and the index takes that capacity); with `sp`,
+ * the replaced array goes to sp->retired (dynemb_index_spare_free frees
+ * both). */
 int dynemb_index_reserve_spare(dynemb_index *ix, uint64_t count,
                                dynemb_index_spare *sp);
 

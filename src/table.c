@@ -680,7 +680,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       if (end > begin) {
         /* a grown index array made outside the lock (if still needed then:
          * another thread may have grown it, or admission may insert less) */
-        dynemb_index_spare spare = {NULL, 0};
+        dynemb_index_spare spare = {NULL, 0, NULL};
         if (grow[s] > 0) (void)dynemb_index_spare_make(grow[s], &spare);
         rc = lookup_misses(t, &t->shards[s], keys, hs, order + begin,
                            end - begin, now, threshold, out, admitted, hints,

@@ -8,6 +8,11 @@
  * float array with the same rows and dim, by the same number of threads.
  * Phases, each on the same table:
  *
+ *   touch   the stall pass's limit: the same number of threads write
+ *           never-touched memory (huge pages advised, like the engine's row
+ *           slabs), the bytes of --stall-batch new rows per call, until they
+ *           have written R rows' bytes; the longest call is what the machine
+ *           itself takes to fault in a call's fresh memory
  *   stall   a scratch table grows from empty to R rows in small calls
  *           (--stall-batch keys); the longest single call is max_stall_ms
  *   insert  the measured table grows from empty to R rows in calls of B new
@@ -439,6 +444,8 @@ typedef struct bench {
   int flat_mmapped;
   float *slots; /* rows * 2 * dim (m then v per row), the Adam limit */
   size_t slots_bytes;
+  char *touch; /* rows * row bytes of fresh memory, the touch limit */
+  size_t touch_bytes, row_bytes;
   dynemb_table *table; /* the table being measured */
   size_t pool_batches; /* batches per thread in the key pools */
   pthread_barrier_t barrier;
@@ -449,6 +456,7 @@ typedef struct bench {
 } bench;
 
 typedef enum phase_kind {
+  PH_TOUCH,
   PH_STALL,
   PH_INSERT,
   PH_GATHER_PLAIN,
@@ -617,8 +625,12 @@ static void run_insert(worker *w) {
     size_t m = (size_t)(R - p < n ? R - p : n);
     long f0 = thread_faults();
     double c0 = now_s(), u0 = thread_cpu_s(), q0 = runqueue_wait_s(sfd);
-    int rc = dynemb_lookup(w->table, b->all_keys + p, m, DYNEMB_LOOKUP_TRAIN, 0,
-                           w->out);
+    int rc = DYNEMB_OK;
+    if (w->phase == PH_TOUCH) /* the memory m new rows would take */
+      memset(b->touch + p * b->row_bytes, 1, m * b->row_bytes);
+    else
+      rc = dynemb_lookup(w->table, b->all_keys + p, m, DYNEMB_LOOKUP_TRAIN, 0,
+                         w->out);
     double dt = now_s() - c0, du = thread_cpu_s() - u0;
     if (rc != DYNEMB_OK) {
       w->rc = rc;
@@ -639,7 +651,10 @@ static void run_insert(worker *w) {
     uint64_t done = atomic_fetch_add(&b->inserted_done, m) + m;
     if (done / step != (done - m) / step && done < R)
       progress("  %s: %" PRIu64 " / %" PRIu64 " rows (%.0f%%), %.1f s",
-               w->phase == PH_STALL ? "stall pass" : "insert", done, R,
+               w->phase == PH_STALL   ? "stall pass"
+               : w->phase == PH_TOUCH ? "touch limit"
+                                      : "insert",
+               done, R,
                100.0 * (double)done / (double)R, now_s() - t0);
   }
   w->secs = now_s() - t0;
@@ -650,7 +665,7 @@ static void run_insert(worker *w) {
 static void *worker_main(void *arg) {
   worker *w = arg;
   bench *b = w->b;
-  if (w->phase == PH_STALL || w->phase == PH_INSERT) {
+  if (w->phase == PH_STALL || w->phase == PH_INSERT || w->phase == PH_TOUCH) {
     run_insert(w);
     return NULL;
   }
@@ -761,7 +776,8 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
   r.per_s = r.secs > 0 ? (double)r.items / r.secs : 0;
   r.cpu_share = wall > 0 ? cpu / wall : 0;
   const char *unit =
-      (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH || ph == PH_ADAM_LIMIT)
+      (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH ||
+       ph == PH_ADAM_LIMIT || ph == PH_TOUCH)
           ? "rows"
           : "keys";
   progress("%s: %.3g %s/s (%" PRIu64 " %s in %.2f s, longest call %.2f ms, "
@@ -911,7 +927,7 @@ static double loadavg_1m(void) {
 }
 
 typedef struct results {
-  phase_result stall, insert, gplain, gpref, lookup, lookup_eval, hinted, apply,
+  phase_result touch, stall, insert, gplain, gpref, lookup, lookup_eval, hinted, apply,
       apply_hinted,
       adam_limit;
   int have_adam_limit; /* adam only */
@@ -972,7 +988,9 @@ static void print_json(const bench *b, const results *r) {
            "  \"apply_hinted_vs_adam_limit\": null,\n");
   printf("  \"bytes_per_row_overhead\": %.2f,\n", r->overhead);
   if (o->skip_stall) {
-    printf("  \"max_stall_ms\": null,\n");
+    printf("  \"max_stall_ms\": null,\n  \"touch_limit_max_call_ms\": null,\n"
+           "  \"touch_limit_bytes_per_s\": null,\n"
+           "  \"max_stall_vs_touch_limit\": null,\n");
   } else {
     printf("  \"max_stall_ms\": %.3f,\n  \"max_stall_call_cpu_ms\": %.3f,\n",
            r->stall.max_call_ms, r->stall.max_call_cpu_ms);
@@ -984,6 +1002,13 @@ static void print_json(const bench *b, const results *r) {
     printf("  \"max_stall_cpu_ms\": %.3f,\n", r->stall.max_cpu_call_ms);
     printf("  \"max_stall_cpu_call_page_faults\": %ld,\n",
            r->stall.max_cpu_call_faults);
+    printf("  \"touch_limit_max_call_ms\": %.3f,\n"
+           "  \"touch_limit_bytes_per_s\": %.0f,\n"
+           "  \"max_stall_vs_touch_limit\": %.3f,\n",
+           r->touch.max_call_ms,
+           r->touch.per_s * (double)r->row_floats * sizeof(float),
+           r->touch.max_call_ms > 0 ? r->stall.max_call_ms / r->touch.max_call_ms
+                                    : 0.0);
   }
   printf("  \"stall_batch\": %zu,\n", o->stall_batch);
   printf("  \"max_insert_call_ms\": %.3f,\n", r->insert.max_call_ms);
@@ -994,11 +1019,12 @@ static void print_json(const bench *b, const results *r) {
     snprintf(adam_share, sizeof adam_share, "%.2f", r->adam_limit.cpu_share);
   else
     snprintf(adam_share, sizeof adam_share, "null");
-  printf("  \"cpu_share\": {\"stall\": %.2f, \"insert\": %.2f, "
+  printf("  \"cpu_share\": {\"touch\": %.2f, \"stall\": %.2f, \"insert\": %.2f, "
          "\"gather_plain\": %.2f, \"gather_prefetch\": %.2f, \"lookup\": "
          "%.2f, \"lookup_eval\": %.2f, \"lookup_hinted\": %.2f, \"apply\": "
          "%.2f, \"apply_hinted\": %.2f, \"adam_limit\": %s},\n",
-         r->stall.cpu_share, r->insert.cpu_share, r->gplain.cpu_share,
+         r->touch.cpu_share, r->stall.cpu_share, r->insert.cpu_share,
+         r->gplain.cpu_share,
          r->gpref.cpu_share, r->lookup.cpu_share, r->lookup_eval.cpu_share,
          r->hinted.cpu_share, r->apply.cpu_share, r->apply_hinted.cpu_share,
          adam_share);
@@ -1068,8 +1094,12 @@ static void print_human(const bench *b, const results *r) {
   if (o->skip_stall)
     printf("  %-28s %16s %10s\n", "max stall (ms)", "skipped", "<= 10");
   else
+  {
     printf("  %-28s %16.3f %10s\n", "max stall (ms)", r->stall.max_call_ms,
            "<= 10");
+    printf("  %-28s %16.3f\n", "  touch limit max call (ms)",
+           r->touch.max_call_ms);
+  }
   printf("  %-28s %16zu\n", "  stall batch (keys/call)", o->stall_batch);
   printf("  %-28s %16.3f\n", "max insert call (ms)", r->insert.max_call_ms);
   printf("  %-28s %16" PRIu64 "\n", "table bytes", r->st.bytes);
@@ -1100,6 +1130,8 @@ int dynemb_cmd_bench(int argc, char **argv) {
   if (b.pool_batches < 2)
     b.pool_batches = 2;
 
+  /* (the stall pass's table and its touch limit come and go before the
+   * measured table, the flat arrays and the pools) */
   double est = (double)R * (double)row_floats * 4 + (double)R * o->dim * 4 +
                (double)R * 16 +
                (double)T * (double)b.pool_batches * (double)o->batch * 12 +
@@ -1152,8 +1184,18 @@ int dynemb_cmd_bench(int argc, char **argv) {
   r.row_floats = row_floats;
   r.load_start = loadavg_1m();
 
-  /* 1. Stall pass: a scratch table grows from empty in small calls. */
+  /* 1. Stall pass: a scratch table grows from empty in small calls, after
+   * its limit: writing the same fresh memory in calls of the same size.
+   * The limit's memory stays mapped during the stall pass, so that the
+   * table cannot reuse pages the limit just faulted in (and freed). */
   if (!o->skip_stall) {
+    b.row_bytes = (size_t)row_floats * sizeof(float);
+    b.touch_bytes = (size_t)R * b.row_bytes;
+    progress("touch limit: writing %.2f GB of fresh memory, %zu rows' bytes "
+             "per call",
+             (double)b.touch_bytes / 1e9, o->stall_batch);
+    b.touch = (char *)map_floats(&b, b.touch_bytes, "touch limit");
+    r.touch = run_phase(&b, ws, PH_TOUCH, NULL, o->stall_batch, "touch limit");
     char name[64];
     snprintf(name, sizeof name, "bench_stall_%ld", (long)getpid());
     dynemb_table *t = make_table(&b, name);
@@ -1163,6 +1205,8 @@ int dynemb_cmd_bench(int argc, char **argv) {
     r.stall = run_phase(&b, ws, PH_STALL, t, o->stall_batch, "stall pass");
     dynemb_table_drop(name);
     dynemb_table_release(t);
+    munmap(b.touch, b.touch_bytes);
+    b.touch = NULL;
   }
 
   /* 2. Insert: the measured table grows from empty in batches of B. */

@@ -191,10 +191,11 @@ static void test_growth_into_spare(void) {
   for (int64_t k = 0; k < 50000; k++) {
     uint64_t h = dynemb_hash_key(k);
     double cf = dynemb_index_growth_for(&a, a.count + 3); /* a batch of 3 */
-    dynemb_index_spare sp = {NULL, 0};
+    dynemb_index_spare sp = {NULL, 0, NULL};
     CHECK_OK(dynemb_index_spare_make(cf, &sp));
     CHECK((cf > 0) == (sp.slots != NULL));
     dynemb_index_entry *before = a.slots;
+    double cap_before = a.cap_f;
     CHECK_OK(dynemb_index_reserve_spare(&a, a.count + 1, &sp));
     if (cf > 0 && sp.slots == NULL) {
       used++;
@@ -202,8 +203,11 @@ static void test_growth_into_spare(void) {
     } else if (cf > 0 && a.slots == before) {
       ignored++; /* made for count + 3: not needed yet for count + 1 */
     }
+    /* a replaced array is handed back to be freed after the lock (ASan
+     * finds it leaked or freed twice otherwise) */
+    CHECK(sp.retired == (a.slots != before && cap_before > 0 ? before : NULL));
     dynemb_index_spare_free(&sp);
-    CHECK(sp.slots == NULL);
+    CHECK(sp.slots == NULL && sp.retired == NULL);
     dynemb_index_insert(&a, k, h, (uint32_t)k, 1);
     CHECK_OK(dynemb_index_reserve(&b, b.count + 1));
     dynemb_index_insert(&b, k, h, (uint32_t)k, 1);
@@ -216,7 +220,7 @@ static void test_growth_into_spare(void) {
   }
   CHECK(memcmp(a.slots, b.slots, a.cap * sizeof *a.slots) == 0);
   /* a spare for a capacity off the growth ladder is not taken */
-  dynemb_index_spare odd = {NULL, 0};
+  dynemb_index_spare odd = {NULL, 0, NULL};
   CHECK_OK(dynemb_index_spare_make(a.cap_f * 3, &odd));
   CHECK_OK(dynemb_index_reserve_spare(&a, a.limit + 1, &odd));
   CHECK(odd.slots != NULL && a.cap_f != odd.cap_f);
@@ -225,10 +229,11 @@ static void test_growth_into_spare(void) {
    * another thread's inserts) is, and the index keeps every entry */
   double two = dynemb_index_growth_for(&a, (uint64_t)((double)a.limit * 1.3));
   CHECK(two > a.cap_f * DYNEMB_INDEX_GROWTH);
-  dynemb_index_spare ahead = {NULL, 0};
+  dynemb_index_spare ahead = {NULL, 0, NULL};
   CHECK_OK(dynemb_index_spare_make(two, &ahead));
   CHECK_OK(dynemb_index_reserve_spare(&a, a.limit + 1, &ahead));
-  CHECK(ahead.slots == NULL && a.cap_f == two);
+  CHECK(ahead.slots == NULL && a.cap_f == two && ahead.retired != NULL);
+  dynemb_index_spare_free(&ahead);
   for (int64_t k = 0; k < 50000; k += 7) {
     dynemb_index_entry *e = dynemb_index_find(&a, k, dynemb_hash_key(k));
     CHECK(e && e->loc == (uint32_t)k);

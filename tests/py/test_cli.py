@@ -49,6 +49,13 @@ def test_bench_json_is_complete_and_consistent():
     assert j["max_stall_ms"] >= j["max_stall_call_cpu_ms"] * 0.99 > 0
     assert 0 < j["bytes_per_row_overhead"] < 200
     assert j["stall_batch"] == 256
+    # ...and so did its limit: writing 20000 rows' bytes (dim 8 + Adam's m, v)
+    # of fresh memory, 256 rows' worth per call.
+    assert j["touch_limit_max_call_ms"] > 0 and j["touch_limit_bytes_per_s"] > 0
+    stall, touch = j["max_stall_ms"], j["touch_limit_max_call_ms"]
+    # (both printed to 0.001 ms: the ratio of the rounded figures may differ)
+    assert j["max_stall_vs_touch_limit"] == pytest.approx(
+        stall / touch, rel=1e-3 + 1e-3 / touch + 1e-3 / stall, abs=1e-3)
 
 
 @pytest.mark.parametrize("args, names", [
