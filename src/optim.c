@@ -114,17 +114,19 @@ void dynemb_optim_init_slots(const dynemb_optimizer *o, float *slots,
 
 /* The per-row loops below take restrict pointers and a prepared step, and
  * the engine is built with -fno-math-errno, so that sqrtf is one
- * instruction and the compiler vectorizes them. Vectorizing does not
+ * instruction and the compiler vectorizes them. They are always inlined
+ * into dynemb_optim_apply_row, so that each of its clones (optim.h) holds
+ * a copy of every loop built for its instruction set. Vectorizing does not
  * reassociate or fuse anything (no -ffast-math, and -std=c11 turns FP
  * contraction off), so every element gets exactly the scalar result. */
 
-static void apply_sgd(float *restrict var, const float *restrict g, int dim,
+static inline __attribute__((always_inline)) void apply_sgd(float *restrict var, const float *restrict g, int dim,
                       float lr) {
   for (int i = 0; i < dim; i++) var[i] -= lr * g[i];
 }
 
 /* ApplyAdagrad (update_slots): accum += g^2; var -= lr * g / sqrt(accum). */
-static void apply_adagrad(float *restrict var, float *restrict accum,
+static inline __attribute__((always_inline)) void apply_adagrad(float *restrict var, float *restrict accum,
                           const float *restrict g, int dim, float lr) {
   for (int i = 0; i < dim; i++) {
     float a = accum[i] + g[i] * g[i];
@@ -135,7 +137,7 @@ static void apply_adagrad(float *restrict var, float *restrict accum,
 
 /* Adam with bias correction folded into the step size, as TF's ApplyAdam
  * (alpha is prepared once per step, see dynemb_optim_prepare). */
-static void apply_adam(const dynemb_optim_step *s, float *restrict var,
+static inline __attribute__((always_inline)) void apply_adam(const dynemb_optim_step *s, float *restrict var,
                        float *restrict m, float *restrict v,
                        const float *restrict g, int dim) {
   const float alpha = s->alpha, omb1 = s->one_minus_b1,
@@ -151,7 +153,7 @@ static void apply_adam(const dynemb_optim_step *s, float *restrict var,
 }
 
 /* ApplyFtrlV2 (l2_shrinkage; with l2_shrinkage = 0 it equals ApplyFtrl). */
-static void apply_ftrl(const dynemb_optim_step *s, float *restrict var,
+static inline __attribute__((always_inline)) void apply_ftrl(const dynemb_optim_step *s, float *restrict var,
                        float *restrict accum, float *restrict linear,
                        const float *restrict g, int dim) {
   const float p = s->lr_power, lr = s->lr, l1 = s->l1, l2 = s->l2,
@@ -195,6 +197,7 @@ void dynemb_optim_prepare(const dynemb_optimizer *o, float lr, uint64_t step,
   }
 }
 
+DYNEMB_VECTOR_CLONES
 void dynemb_optim_apply_row(const dynemb_optim_step *s, float *restrict var,
                             float *restrict slots, const float *restrict grad,
                             int dim) {
