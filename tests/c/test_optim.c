@@ -14,6 +14,8 @@
  *    that repeat keys (gradients summed first, as TF does for
  *    IndexedSlices), leave keys out (lazy Adam: absent rows do not move,
  *    but the step count still advances) and name keys without a row;
+ *  - bit for bit against the same formulas in plain scalar float code,
+ *    whichever vector clone of the row math the CPU runs (optim.h);
  *  - the NaN/Inf policies (ERROR rejects the whole batch and names the
  *    table and key; SKIP skips those keys and counts them) and the
  *    validation of hyper-parameters.
@@ -369,6 +371,86 @@ static void test_row_math_all_optimizers(void) {
   for (int c = 0; c < N_CASES; c++)
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
       run_row_case(&cases[c], dims[d]);
+}
+
+/* The same bits as plain scalar float code, element by element: the
+ * engine's loops run in whichever vector clone the CPU picked (optim.h),
+ * and no width, fused multiply-add or reassociation may change a result.
+ * The reference is TF's kernel arithmetic in float, one element at a time
+ * (ApplyAdam: m += (g - m) * (1 - beta1), v += (g^2 - v) * (1 - beta2),
+ * var -= m * alpha / (sqrt(v) + eps); ApplyAdagrad; ApplyGradientDescent;
+ * ApplyFtrlV2 with learning_rate_power -0.5). Dims cover each clone's
+ * full vectors and tails. */
+static float bits_ref(const dynemb_optim_step *s, float *var, float *slots,
+                      const float *g, int dim, int i) {
+  float *a = slots, *b = slots + dim;
+  switch (s->kind) {
+  case DYNEMB_OPT_SGD: return var[i] - s->lr * g[i];
+  case DYNEMB_OPT_ADAGRAD: {
+    a[i] = a[i] + g[i] * g[i];
+    return var[i] - s->lr * g[i] / sqrtf(a[i]);
+  }
+  case DYNEMB_OPT_ADAM: {
+    a[i] = a[i] + (g[i] - a[i]) * s->one_minus_b1;
+    b[i] = b[i] + (g[i] * g[i] - b[i]) * s->one_minus_b2;
+    return var[i] - (a[i] * s->alpha) / (sqrtf(b[i]) + s->epsilon);
+  }
+  default: { /* FTRL, lr_power -0.5 */
+    float gs = g[i] + 2.0f * s->l2_shrinkage * var[i];
+    float na = a[i] + g[i] * g[i];
+    float np = sqrtf(na), op = sqrtf(a[i]);
+    b[i] += gs - (np - op) / s->lr * var[i];
+    float quad = np / s->lr + 2.0f * s->l2;
+    float out = 0.0f;
+    if (fabsf(b[i]) > s->l1) {
+      float sign = b[i] > 0.0f ? 1.0f : (b[i] < 0.0f ? -1.0f : 0.0f);
+      out = (sign * s->l1 - b[i]) / quad;
+    }
+    a[i] = na;
+    return out;
+  }
+  }
+}
+
+static void test_row_math_same_bits_as_scalar(void) {
+  static const int dims[] = {1, 7, 8, 15, 16, 17, 31, 64, 67, 200};
+  static const int kinds[] = {DYNEMB_OPT_SGD, DYNEMB_OPT_ADAGRAD,
+                              DYNEMB_OPT_ADAM, DYNEMB_OPT_FTRL};
+  uint64_t r = 12345;
+  int mismatches = 0;
+  for (size_t k = 0; k < 4; k++) {
+    dynemb_optimizer o = default_opt(kinds[k], 0.05f);
+    o.l1 = 0.001f;
+    o.l2 = 0.01f;
+    o.l2_shrinkage = kinds[k] == DYNEMB_OPT_FTRL ? 0.002f : 0.0f;
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+      const int dim = dims[d];
+      float *var = malloc(sizeof(float) * 3 * (size_t)dim), *slots = var + dim;
+      float *rv = malloc(sizeof(float) * 3 * (size_t)dim), *rs = rv + dim;
+      float *g = malloc(sizeof(float) * (size_t)dim);
+      for (int i = 0; i < 3 * dim; i++) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        var[i] = (float)((double)(r >> 40) / (double)(1 << 24)) * 0.5f + 0.01f;
+      }
+      memcpy(rv, var, sizeof(float) * 3 * (size_t)dim);
+      for (uint64_t step = 1; step <= 20; step++) {
+        for (int i = 0; i < dim; i++) {
+          r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+          g[i] = (float)((double)(r >> 40) / (double)(1 << 24) - 0.5);
+        }
+        dynemb_optim_step s;
+        dynemb_optim_prepare(&o, 0.05f, step, &s);
+        dynemb_optim_apply_row(&s, var, slots, g, dim);
+        for (int i = 0; i < dim; i++) rv[i] = bits_ref(&s, rv, rs, g, dim, i);
+        mismatches += memcmp(var, rv, sizeof(float) * 3 * (size_t)dim) != 0;
+        memcpy(rv, var, sizeof(float) * 3 * (size_t)dim); /* no drift */
+      }
+      free(var);
+      free(rv);
+      free(g);
+    }
+  }
+  CHECK(mismatches == 0);
 }
 
 /* Adam's bias correction must use the step it is given, not count calls
@@ -1047,6 +1129,7 @@ int main(void) {
   RUN(test_slot_counts_and_names);
   RUN(test_init_slots);
   RUN(test_row_math_all_optimizers);
+  RUN(test_row_math_same_bits_as_scalar);
   RUN(test_row_adam_uses_given_step);
   RUN(test_validate_rejects_bad_hyperparameters);
   RUN(test_validate_accepts_edge_values);
