@@ -23,6 +23,7 @@
 #define SMALL_STEPS 4u     /* first chunk = full chunk / 2^SMALL_STEPS */
 #define HUGE_PAGE ((size_t)2 << 20)
 #define PREFAULT_MIN_BYTES ((size_t)16 << 20) /* see prefaulting */
+#define MAX_SLAB_BYTES ((size_t)64 << 20)    /* see next_slab_bytes */
 /* The prefault thread keeps this much populated ahead of the bump pointer;
  * a caller populates itself when less than PREFAULT_URGENT is ready. */
 #define PREFAULT_AHEAD HUGE_PAGE
@@ -66,7 +67,7 @@ int dynemb_slab_pool_init(dynemb_slab_pool *p, size_t max_chunk_bytes) {
     best = HUGE_PAGE;
     while (best < 8 * max_chunk_bytes) best += HUGE_PAGE;
   }
-  p->slab_bytes = best;
+  p->unit_bytes = p->slab_bytes = best;
   if (pthread_mutex_init(&p->mu, NULL)) return DYNEMB_ENOMEM;
   if (pthread_cond_init(&p->cv, NULL)) {
     pthread_mutex_destroy(&p->mu);
@@ -104,9 +105,19 @@ static void unmap_slab(void *s, size_t bytes) {
 #endif
 }
 
+/* The size of the next slab (under p->mu): a quarter of what the pool has
+ * mapped, in whole units, at least one unit and at most MAX_SLAB_BYTES. A
+ * slab ends in less than a chunk of waste, so larger slabs waste less. */
+static size_t next_slab_bytes(const dynemb_slab_pool *p) {
+  size_t units = p->mapped_bytes / 4 / p->unit_bytes;
+  size_t most = MAX_SLAB_BYTES / p->unit_bytes;
+  if (units > most) units = most;
+  return (units ? units : 1) * p->unit_bytes;
+}
+
 void *dynemb_slab_alloc(dynemb_slab_pool *p, size_t bytes) {
   void *r = NULL;
-  if (bytes > p->slab_bytes) return NULL; /* pools are sized for chunks */
+  if (bytes > p->unit_bytes) return NULL; /* pools are sized for chunks */
   pthread_mutex_lock(&p->mu);
   if (bytes > p->left) {
     if (p->nslabs == p->slabs_cap) {
@@ -114,21 +125,30 @@ void *dynemb_slab_alloc(dynemb_slab_pool *p, size_t bytes) {
       void **q = realloc(p->slabs, nc * sizeof *q);
       if (!q) goto out;
       p->slabs = q;
+      size_t *z = realloc(p->slab_sizes, nc * sizeof *z);
+      if (!z) goto out;
+      p->slab_sizes = z;
       p->slabs_cap = nc;
     }
     char *s = p->spare;
+    size_t size;
     if (s) {
+      size = p->spare_bytes;
       p->ready = s + p->spare_ready;
       p->claimed = s + p->spare_claimed;
       p->spare = NULL;
       p->spare_ready = p->spare_claimed = 0;
     } else {
-      if (!(s = map_slab(p->slab_bytes))) goto out;
+      size = next_slab_bytes(p);
+      if (!(s = map_slab(size))) goto out;
       p->ready = p->claimed = s;
     }
+    p->slab_sizes[p->nslabs] = size;
     p->slabs[p->nslabs++] = s;
+    p->mapped_bytes += size;
+    p->slab_bytes = size;
     p->cur = s;
-    p->left = p->slab_bytes;
+    p->left = size;
   }
   r = p->cur;
   p->cur += bytes;
@@ -140,9 +160,11 @@ out:
 
 void dynemb_slab_pool_release(dynemb_slab_pool *p) {
   pthread_mutex_lock(&p->mu);
-  for (size_t i = 0; i < p->nslabs; i++) unmap_slab(p->slabs[i], p->slab_bytes);
-  if (p->spare) unmap_slab(p->spare, p->slab_bytes);
+  for (size_t i = 0; i < p->nslabs; i++) unmap_slab(p->slabs[i], p->slab_sizes[i]);
+  if (p->spare) unmap_slab(p->spare, p->spare_bytes);
   p->nslabs = 0;
+  p->mapped_bytes = 0;
+  p->slab_bytes = p->unit_bytes;
   p->cur = NULL;
   p->left = 0;
   p->ready = p->claimed = NULL;
@@ -168,7 +190,7 @@ void dynemb_slab_pool_release(dynemb_slab_pool *p) {
  * in little memory anyway. */
 
 static int prefaulting(const dynemb_slab_pool *p) {
-  return p->nslabs * p->slab_bytes >= PREFAULT_MIN_BYTES;
+  return p->mapped_bytes >= PREFAULT_MIN_BYTES;
 }
 
 /* The huge page holding cur was faulted by the chunks carved before it. */
@@ -186,15 +208,17 @@ static void settle(dynemb_slab_pool *p) {
  * the pool's mutex. */
 static int have_spare(dynemb_slab_pool *p) {
   if (p->spare) return 1;
+  const size_t size = next_slab_bytes(p);
   pthread_mutex_unlock(&p->mu);
-  char *s = map_slab(p->slab_bytes);
+  char *s = map_slab(size);
   pthread_mutex_lock(&p->mu);
   if (s && !p->spare) {
     p->spare = s;
+    p->spare_bytes = size;
     p->spare_ready = p->spare_claimed = 0;
   } else if (s) { /* another thread mapped one meanwhile */
     pthread_mutex_unlock(&p->mu);
-    unmap_slab(s, p->slab_bytes);
+    unmap_slab(s, size);
     pthread_mutex_lock(&p->mu);
   }
   return p->spare != NULL;
@@ -222,7 +246,7 @@ static size_t claim_next(dynemb_slab_pool *p, size_t want, char **from) {
       if (!have_spare(p)) return 0;
       continue;
     }
-    if (p->spare_claimed >= p->slab_bytes) return 0; /* never past its end */
+    if (p->spare_claimed >= p->spare_bytes) return 0; /* never past its end */
     *from = p->spare + p->spare_claimed;
     p->spare_claimed += HUGE_PAGE;
     return HUGE_PAGE;
@@ -250,7 +274,7 @@ static size_t caller_next(dynemb_slab_pool *p, size_t need, char **from) {
         continue;
       }
       size_t rest = need - p->left;
-      if (rest > p->slab_bytes) rest = p->slab_bytes;
+      if (rest > p->spare_bytes) rest = p->spare_bytes;
       if (p->spare_ready >= rest) return 0;
       *from = p->spare + p->spare_ready;
       len = rest - p->spare_ready;
@@ -266,7 +290,7 @@ static void mark_done(dynemb_slab_pool *p, char *from, size_t len) {
   if (newest && from >= newest && from < newest + p->slab_bytes) {
     if (from <= p->ready && from + len > p->ready) p->ready = from + len;
     if (p->claimed < p->ready) p->claimed = p->ready;
-  } else if (p->spare && from >= p->spare && from < p->spare + p->slab_bytes) {
+  } else if (p->spare && from >= p->spare && from < p->spare + p->spare_bytes) {
     size_t off = (size_t)(from - p->spare);
     if (off <= p->spare_ready && off + len > p->spare_ready)
       p->spare_ready = off + len;
@@ -379,7 +403,9 @@ void dynemb_slab_pool_destroy(dynemb_slab_pool *p) {
   if (running) pthread_join(p->thread, NULL);
   dynemb_slab_pool_release(p);
   free(p->slabs);
+  free(p->slab_sizes);
   p->slabs = NULL;
+  p->slab_sizes = NULL;
   p->slabs_cap = 0;
   pthread_cond_destroy(&p->cv);
   pthread_mutex_destroy(&p->mu);
@@ -389,12 +415,12 @@ size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p) {
   pthread_mutex_lock(&p->mu);
   /* Full slabs, plus the huge pages of the newest slab that chunks were
    * carved from: the rest of it is address space never touched. */
-  size_t b = p->slabs_cap * sizeof(void *);
+  size_t b = p->slabs_cap * (sizeof(void *) + sizeof(size_t));
   if (p->nslabs) {
     size_t used = p->slab_bytes - p->left;
     size_t touched = (used + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
     size_t ready = (size_t)(p->ready - (char *)p->slabs[p->nslabs - 1]);
-    b += (p->nslabs - 1) * p->slab_bytes + (ready > touched ? ready : touched);
+    b += (p->mapped_bytes - p->slab_bytes) + (ready > touched ? ready : touched);
   }
   b += p->spare_ready; /* populated ahead: memory held */
   pthread_mutex_unlock(&p->mu);

@@ -46,17 +46,25 @@
 #define DYNEMB_ARENA_MAX_SLOTS (UINT32_C(1) << 30)
 
 /* Bump allocator over huge-page slabs, shared by the shards of a table
- * (its own mutex; taken only when a shard needs a new chunk). */
+ * (its own mutex; taken only when a shard needs a new chunk). Slabs grow
+ * with the pool (a quarter of what it has mapped, up to 64 MiB), so that a
+ * table of gigabytes maps a few dozen slabs rather than thousands: every
+ * mmap and munmap takes the process's mmap lock for writing, and waits for
+ * any page-fault work in flight (see dynemb_slab_pool_prefault). */
 typedef struct dynemb_slab_pool {
   pthread_mutex_t mu;
   char *cur;           /* free part of the newest slab */
   size_t left;         /* bytes left there */
-  size_t slab_bytes;   /* size of each slab, a multiple of 2 MiB */
+  size_t unit_bytes;   /* slab sizes are multiples of this (of 2 MiB) */
+  size_t slab_bytes;   /* size of the newest slab */
+  size_t mapped_bytes; /* sizes of all slabs (not the spare) */
   void **slabs;        /* every slab, for release */
+  size_t *slab_sizes;  /* ...and its size */
   size_t nslabs, slabs_cap;
   char *ready;         /* the newest slab is populated up to here */
   char *claimed;       /* ...and being populated up to here (>= ready) */
   char *spare;         /* the next slab, mapped ahead by prefault, or NULL */
+  size_t spare_bytes;  /* its size */
   size_t spare_ready;  /* bytes of `spare` populated */
   size_t spare_claimed; /* ...and being populated (>= spare_ready) */
   /* the prefault thread (started by the first prefault call that needs it) */

@@ -1,12 +1,14 @@
 /*
- * plain_arena_prefault.c -- what dynemb_slab_pool_prefault promises its
- * caller: when it returns, the `need` bytes the next chunks will come from
- * are populated (resident), across the end of the newest slab too, even
- * while another thread has claimed part of them and not finished (a
- * SCHED_IDLE prefault thread preempted halfway). A claim counted as done
- * would leave the caller's chunks to fault under a shard write lock.
- * Built without sanitizers: ASan builds take slabs from malloc and do not
- * populate ahead. Skipped where the kernel lacks MADV_POPULATE_WRITE.
+ * plain_arena_prefault.c -- the slab pool of the row arenas. Slabs grow
+ * with the pool (a large table maps few of them). And what
+ * dynemb_slab_pool_prefault promises its caller: when it returns, the
+ * `need` bytes the next chunks will come from are populated (resident),
+ * across the end of the newest slab too, even while another thread has
+ * claimed part of them and not finished (a SCHED_IDLE prefault thread
+ * preempted halfway). A claim counted as done would leave the caller's
+ * chunks to fault under a shard write lock. Built without sanitizers: ASan
+ * builds take slabs from malloc and do not populate ahead. The prefault
+ * cases are skipped where the kernel lacks MADV_POPULATE_WRITE.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -72,17 +74,20 @@ static int need_resident(const dynemb_slab_pool *p, size_t need) {
 static void run_case(size_t left, int claimed_ahead) {
   dynemb_slab_pool p;
   CHECK_OK(dynemb_slab_pool_init(&p, CHUNK));
-  CHECK(p.slab_bytes == 6 * MIB);
+  CHECK(p.unit_bytes == 6 * MIB);
   carve(&p, 20 * MIB, left); /* past the 16 MiB where prefaulting starts */
   /* No prefault thread: only the caller populates (as when the thread
    * could not start, or is starved of CPU). */
   pthread_mutex_lock(&p.mu);
   p.worker = 2; /* WORKER_FAILED */
   if (claimed_ahead) { /* a thread claimed the next 4 MiB, then stalled */
-    if (!p.spare) p.spare = mmap(NULL, p.slab_bytes, PROT_READ | PROT_WRITE,
-                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!p.spare) {
+      p.spare = mmap(NULL, p.unit_bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      p.spare_bytes = p.unit_bytes;
+    }
     p.claimed = p.cur + p.left;
-    p.spare_claimed = p.slab_bytes;
+    p.spare_claimed = p.spare_bytes;
   }
   pthread_mutex_unlock(&p.mu);
   const size_t need = MIB;
@@ -104,11 +109,45 @@ static void test_claims_in_flight_do_not_count(void) {
   run_case(256 * 1024, 1);
 }
 
+/* Slabs grow with the pool (a quarter of what it mapped, at most 64 MiB):
+ * 200 MiB of chunks take a dozen-odd mmaps, not 34 slabs of 6 MiB. The
+ * chunks are distinct, writable memory, and the pool counts them. */
+static void test_slabs_grow_with_the_pool(void) {
+  dynemb_slab_pool p;
+  CHECK_OK(dynemb_slab_pool_init(&p, CHUNK));
+  enum { N = 200 * 1024 * 1024 / CHUNK };
+  unsigned char **c = malloc(N * sizeof *c);
+  int ok = c != NULL;
+  for (int i = 0; ok && i < N; i++) {
+    c[i] = dynemb_slab_alloc(&p, CHUNK);
+    ok = c[i] != NULL;
+    if (ok) c[i][0] = c[i][CHUNK - 1] = (unsigned char)i;
+  }
+  CHECK(ok);
+  for (int i = 0; ok && i < N; i++)
+    ok = c[i][0] == (unsigned char)i && c[i][CHUNK - 1] == (unsigned char)i;
+  CHECK(ok);
+  CHECK(p.nslabs >= 8 && p.nslabs <= 16);
+  CHECK(p.slab_bytes > p.unit_bytes && p.slab_bytes <= 64 * MIB);
+  size_t sum = 0;
+  for (size_t i = 0; i < p.nslabs; i++) {
+    CHECK(p.slab_sizes[i] % p.unit_bytes == 0);
+    sum += p.slab_sizes[i];
+  }
+  CHECK(sum == p.mapped_bytes);
+  CHECK(dynemb_slab_pool_bytes(&p) >= (size_t)N * CHUNK);
+  free(c);
+  dynemb_slab_pool_destroy(&p);
+}
+
 int main(void) {
   if (!populate_supported()) {
-    printf("SKIP plain_arena_prefault: no MADV_POPULATE_WRITE here\n");
-    return 0;
+    printf("SKIP plain_arena_prefault (the prefault cases): no "
+           "MADV_POPULATE_WRITE here\n");
+    RUN(test_slabs_grow_with_the_pool);
+    return check_summary();
   }
+  RUN(test_slabs_grow_with_the_pool);
   RUN(test_need_inside_the_slab);
   RUN(test_need_across_the_slab_end);
   RUN(test_claims_in_flight_do_not_count);
