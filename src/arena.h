@@ -85,20 +85,21 @@ void dynemb_slab_pool_destroy(dynemb_slab_pool *p);
 void *dynemb_slab_alloc(dynemb_slab_pool *p, size_t bytes);
 /* Bytes mapped by the pool. */
 size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p);
-/* Keeps about one huge page of the memory the next chunks will come from
- * populated (page-faulted in) ahead, once the pool holds 16 MiB or more.
- * Inserting threads call it before taking any shard lock. The populating
- * is done by a thread of the pool (started on the first call that needs
- * it, ended by dynemb_slab_pool_destroy, SCHED_IDLE), so the kernel zeroing fresh huge
- * pages (0.2-0.5 ms each on the KVM guest measured, up to ~5 ms when the
- * host backs new guest memory) is paid neither under a shard write lock
- * nor in the calling thread while the thread keeps up; when less than
- * `need` bytes (at least a quarter of a huge page) are ready (the thread
- * fell behind, e.g. on a machine with no idle core) or the thread could not
- * be started, the caller populates up to `need` itself, so that its inserts
- * do not fault under a shard lock (a `need` past 8 MiB, a large batch whose
- * throughput matters more than its latency, counts as a quarter page). It never writes the memory, so it is
- * safe while chunks are in use. */
+/* Keeps the memory the next chunks will come from populated (page-faulted
+ * in) ahead, once the pool has mapped 16 MiB or more. Inserting threads
+ * call it before taking any shard lock. A thread of the pool (started on
+ * the first call that needs it, ended by dynemb_slab_pool_destroy,
+ * SCHED_IDLE) keeps about a huge page populated ahead, so that the kernel
+ * zeroing fresh huge pages (0.2-0.5 ms each on the KVM guest measured, ~3
+ * to 15 ms when its host backs the memory anew) is paid neither under a
+ * shard write lock nor in the calling thread while the thread keeps up.
+ * When it returns, the first `need` bytes (at least a quarter of a huge
+ * page; a `need` past 8 MiB, a large batch whose throughput matters more
+ * than its latency, counts as a quarter page) are populated: what the
+ * thread has not finished (it fell behind, is preempted, or could not be
+ * started), the caller populates itself, so that its inserts do not fault
+ * under a shard lock. It never writes the memory, so it is safe while
+ * chunks are in use. */
 void dynemb_slab_pool_prefault(dynemb_slab_pool *p, size_t need);
 #define DYNEMB_ARENA_NO_SLOT UINT32_MAX
 

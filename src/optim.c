@@ -119,15 +119,16 @@ void dynemb_optim_init_slots(const dynemb_optimizer *o, float *slots,
  * a copy of every loop built for its instruction set. Vectorizing does not
  * reassociate or fuse anything (no -ffast-math, and -std=c11 turns FP
  * contraction off), so every element gets exactly the scalar result. */
+#define ROW_LOOP static inline __attribute__((always_inline))
 
-static inline __attribute__((always_inline)) void apply_sgd(float *restrict var, const float *restrict g, int dim,
-                      float lr) {
+ROW_LOOP void apply_sgd(float *restrict var, const float *restrict g, int dim,
+                        float lr) {
   for (int i = 0; i < dim; i++) var[i] -= lr * g[i];
 }
 
 /* ApplyAdagrad (update_slots): accum += g^2; var -= lr * g / sqrt(accum). */
-static inline __attribute__((always_inline)) void apply_adagrad(float *restrict var, float *restrict accum,
-                          const float *restrict g, int dim, float lr) {
+ROW_LOOP void apply_adagrad(float *restrict var, float *restrict accum,
+                            const float *restrict g, int dim, float lr) {
   for (int i = 0; i < dim; i++) {
     float a = accum[i] + g[i] * g[i];
     accum[i] = a;
@@ -137,9 +138,9 @@ static inline __attribute__((always_inline)) void apply_adagrad(float *restrict 
 
 /* Adam with bias correction folded into the step size, as TF's ApplyAdam
  * (alpha is prepared once per step, see dynemb_optim_prepare). */
-static inline __attribute__((always_inline)) void apply_adam(const dynemb_optim_step *s, float *restrict var,
-                       float *restrict m, float *restrict v,
-                       const float *restrict g, int dim) {
+ROW_LOOP void apply_adam(const dynemb_optim_step *s, float *restrict var,
+                         float *restrict m, float *restrict v,
+                         const float *restrict g, int dim) {
   const float alpha = s->alpha, omb1 = s->one_minus_b1,
               omb2 = s->one_minus_b2, eps = s->epsilon;
   for (int i = 0; i < dim; i++) {
@@ -153,9 +154,9 @@ static inline __attribute__((always_inline)) void apply_adam(const dynemb_optim_
 }
 
 /* ApplyFtrlV2 (l2_shrinkage; with l2_shrinkage = 0 it equals ApplyFtrl). */
-static inline __attribute__((always_inline)) void apply_ftrl(const dynemb_optim_step *s, float *restrict var,
-                       float *restrict accum, float *restrict linear,
-                       const float *restrict g, int dim) {
+ROW_LOOP void apply_ftrl(const dynemb_optim_step *s, float *restrict var,
+                         float *restrict accum, float *restrict linear,
+                         const float *restrict g, int dim) {
   const float p = s->lr_power, lr = s->lr, l1 = s->l1, l2 = s->l2,
               l2s = s->l2_shrinkage;
   const int is_sqrt = (p == -0.5f);

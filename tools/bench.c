@@ -927,9 +927,8 @@ static double loadavg_1m(void) {
 }
 
 typedef struct results {
-  phase_result touch, stall, insert, gplain, gpref, lookup, lookup_eval, hinted, apply,
-      apply_hinted,
-      adam_limit;
+  phase_result touch, stall, insert, gplain, gpref, lookup, lookup_eval,
+      hinted, apply, apply_hinted, adam_limit;
   int have_adam_limit; /* adam only */
   double gather_limit;
   double lookup_vs_gather, apply_vs_gather, apply_vs_adam_limit, overhead;
@@ -1195,6 +1194,9 @@ int dynemb_cmd_bench(int argc, char **argv) {
              "per call",
              (double)b.touch_bytes / 1e9, o->stall_batch);
     b.touch = (char *)map_floats(&b, b.touch_bytes, "touch limit");
+#ifdef MADV_HUGEPAGE
+    (void)madvise(b.touch, b.touch_bytes, MADV_HUGEPAGE); /* as row slabs */
+#endif
     r.touch = run_phase(&b, ws, PH_TOUCH, NULL, o->stall_batch, "touch limit");
     char name[64];
     snprintf(name, sizeof name, "bench_stall_%ld", (long)getpid());
