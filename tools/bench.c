@@ -72,6 +72,7 @@ typedef struct bench_opts {
   int threads;
   int json;
   int opt_kind; /* enum dynemb_optimizer_kind */
+  int init_kind; /* enum dynemb_initializer_kind of the tables */
   uint64_t seed;
   double min_time; /* seconds per timed phase */
   size_t stall_batch;
@@ -87,6 +88,7 @@ static void bench_usage(FILE *f) {
       "sgd|adagrad|adam|ftrl]\n"
       "                    [--seed N] [--min-time SECONDS] [--stall-batch N]\n"
       "                    [--no-hugepages] [--skip-stall]\n"
+      "                    [--init uniform|normal|truncated_normal]\n"
       "\n"
       "  --rows R          rows in the table (1 .. 4294967295)\n"
       "  --dim D           embedding width (1 .. 65536)\n"
@@ -97,6 +99,8 @@ static void bench_usage(FILE *f) {
       "256)\n"
       "  --json            print one JSON object instead of a table\n"
       "  --optimizer       optimizer for the apply phase (default adam)\n"
+      "  --init            the tables' initializer (default uniform in\n"
+      "                    [-0.05, 0.05); the normals have stddev 0.05)\n"
       "  --seed N          seed for keys and distributions (default 1)\n"
       "  --min-time S      seconds each timed phase runs (default 1.0)\n"
       "  --stall-batch N   keys per call while measuring max_stall_ms "
@@ -141,6 +145,7 @@ static int parse_double(const char *s, double *out) {
 static int parse_opts(int argc, char **argv, bench_opts *o) {
   memset(o, 0, sizeof *o);
   o->opt_kind = DYNEMB_OPT_ADAM;
+  o->init_kind = DYNEMB_INIT_UNIFORM;
   o->seed = 1;
   o->min_time = 1.0;
   o->stall_batch = 1024;
@@ -226,6 +231,17 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       }
       strcpy(o->dist, v);
       have_dist = 1;
+    } else if (!strcmp(a, "--init")) {
+      if (!strcmp(v, "uniform"))
+        o->init_kind = DYNEMB_INIT_UNIFORM;
+      else if (!strcmp(v, "normal"))
+        o->init_kind = DYNEMB_INIT_NORMAL;
+      else if (!strcmp(v, "truncated_normal"))
+        o->init_kind = DYNEMB_INIT_TRUNCATED_NORMAL;
+      else
+        return bench_bad("--init must be uniform, normal or truncated_normal, "
+                         "not '%s'",
+                         v);
     } else if (!strcmp(a, "--optimizer")) {
       if (!strcmp(v, "sgd"))
         o->opt_kind = DYNEMB_OPT_SGD;
@@ -797,9 +813,9 @@ static void table_config(const bench *b, const char *name,
   dynemb_table_config_init(cfg);
   cfg->name = name;
   cfg->dim = b->o.dim;
-  cfg->init.kind = DYNEMB_INIT_UNIFORM;
-  cfg->init.a = -0.05f;
-  cfg->init.b = 0.05f;
+  cfg->init.kind = b->o.init_kind;
+  cfg->init.a = b->o.init_kind == DYNEMB_INIT_UNIFORM ? -0.05f : 0.0f;
+  cfg->init.b = 0.05f; /* max, or stddev */
   cfg->init.seed = b->o.seed;
   cfg->optimizer.kind = b->o.opt_kind;
   cfg->optimizer.learning_rate = BENCH_LR;
@@ -952,6 +968,10 @@ static void print_json(const bench *b, const results *r) {
          o->rows, o->dim, o->batch);
   printf("  \"dist\": \"%s\",\n  \"threads\": %d,\n  \"optimizer\": \"%s\",\n",
          o->dist, o->threads, opt_label(o->opt_kind));
+  printf("  \"init\": \"%s\",\n",
+         o->init_kind == DYNEMB_INIT_UNIFORM  ? "uniform"
+         : o->init_kind == DYNEMB_INIT_NORMAL ? "normal"
+                                              : "truncated_normal");
   printf("  \"row_floats\": %d,\n  \"seed\": %" PRIu64 ",\n"
          "  \"min_time_s\": %g,\n",
          r->row_floats, o->seed, o->min_time);

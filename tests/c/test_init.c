@@ -1,7 +1,8 @@
 /*
  * test_init.c -- tests of the counter-based row initializers (src/init.c):
  * determinism, dependence on seed/key only, distribution moments of
- * uniform/normal/truncated normal, truncation bounds, independence of
+ * uniform/normal/truncated normal, their CDFs at points in the body, the
+ * wedges and the tail, truncation bounds, independence of
  * neighbouring elements and keys, and validation messages.
  */
 #include <float.h>
@@ -130,6 +131,17 @@ static void test_normal(void) {
   }
   CHECK_NEAR(c01 / (KEYS - 1) / 0.25, 0, 0, 0.03);
   CHECK_NEAR(ck / (KEYS - 1) / 0.25, 0, 0, 0.03);
+  /* the CDF at points in the layers' rectangles, the wedges and the tail
+   * (beyond 3.44 the ziggurat takes its tail path): the observed fraction
+   * below x is within 4 standard errors of Phi(x) */
+  static const double xs[] = {-3.6, -3.0, -2.2, -1.3, -0.4, 0.1, 0.9, 1.7, 2.6, 3.2, 3.6};
+  for (size_t q = 0; q < sizeof xs / sizeof xs[0]; q++) {
+    size_t below = 0;
+    for (size_t i = 0; i < n; i++) below += (buf[i] - 2.0) / 0.5 < xs[q];
+    double p = 0.5 * erfc(-xs[q] / sqrt(2.0));
+    double se = sqrt(p * (1 - p) / (double)n);
+    CHECK_NEAR((double)below / (double)n, p, 0, 4 * se + 1e-6);
+  }
   /* stddev 0 gives the mean */
   dynemb_initializer z = {DYNEMB_INIT_NORMAL, 1.25f, 0.0f, 1};
   float v[3];
@@ -150,6 +162,17 @@ static void test_truncated_normal(void) {
   double want = 1 - 4 * phi2 / erf(2 / sqrt(2.0));
   CHECK_NEAR(m.var / 0.01, want, 0.02, 0);
   CHECK_NEAR(m.skew, 0, 0, 0.03);
+  /* the CDF of N(0,1) truncated to [-2, 2] at a few points */
+  static const double xs[] = {-1.9, -1.1, -0.3, 0.6, 1.5, 1.95};
+  size_t n = (size_t)KEYS * DIM;
+  const double p_lo = 0.5 * erfc(2.0 / sqrt(2.0)), mass = 1 - 2 * p_lo;
+  for (size_t q = 0; q < sizeof xs / sizeof xs[0]; q++) {
+    size_t below = 0;
+    for (size_t i = 0; i < n; i++) below += (buf[i] + 1.0) / 0.1 < xs[q];
+    double p = (0.5 * erfc(-xs[q] / sqrt(2.0)) - p_lo) / mass;
+    double se = sqrt(p * (1 - p) / (double)n);
+    CHECK_NEAR((double)below / (double)n, p, 0, 4 * se + 1e-6);
+  }
   free(buf);
 }
 

@@ -62,6 +62,7 @@ def test_bench_json_is_complete_and_consistent():
     (["--dist", "pareto"], "--dist"),
     (["--rows", "0"], "--rows"),
     (["--threads", "0"], "--threads"),
+    (["--init", "gaussian"], "--init"),
 ])
 def test_bench_refuses_bad_arguments_by_name(args, names):
     base = {"--rows": "1000", "--dim": "4", "--batch": "64", "--dist": "uniform",
