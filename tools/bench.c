@@ -142,6 +142,17 @@ static int parse_double(const char *s, double *out) {
   return 0;
 }
 
+/* *out = values[i] for names[i] == v; nonzero if v is none of them. */
+static int pick(const char *v, const char *const *names, const int *values,
+                int n, int *out) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(v, names[i])) {
+      *out = values[i];
+      return 0;
+    }
+  return 1;
+}
+
 static int parse_opts(int argc, char **argv, bench_opts *o) {
   memset(o, 0, sizeof *o);
   o->opt_kind = DYNEMB_OPT_ADAM;
@@ -232,26 +243,19 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       strcpy(o->dist, v);
       have_dist = 1;
     } else if (!strcmp(a, "--init")) {
-      if (!strcmp(v, "uniform"))
-        o->init_kind = DYNEMB_INIT_UNIFORM;
-      else if (!strcmp(v, "normal"))
-        o->init_kind = DYNEMB_INIT_NORMAL;
-      else if (!strcmp(v, "truncated_normal"))
-        o->init_kind = DYNEMB_INIT_TRUNCATED_NORMAL;
-      else
+      static const char *const names[] = {"uniform", "normal",
+                                          "truncated_normal"};
+      static const int kinds[] = {DYNEMB_INIT_UNIFORM, DYNEMB_INIT_NORMAL,
+                                  DYNEMB_INIT_TRUNCATED_NORMAL};
+      if (pick(v, names, kinds, 3, &o->init_kind))
         return bench_bad("--init must be uniform, normal or truncated_normal, "
                          "not '%s'",
                          v);
     } else if (!strcmp(a, "--optimizer")) {
-      if (!strcmp(v, "sgd"))
-        o->opt_kind = DYNEMB_OPT_SGD;
-      else if (!strcmp(v, "adagrad"))
-        o->opt_kind = DYNEMB_OPT_ADAGRAD;
-      else if (!strcmp(v, "adam"))
-        o->opt_kind = DYNEMB_OPT_ADAM;
-      else if (!strcmp(v, "ftrl"))
-        o->opt_kind = DYNEMB_OPT_FTRL;
-      else
+      static const char *const names[] = {"sgd", "adagrad", "adam", "ftrl"};
+      static const int kinds[] = {DYNEMB_OPT_SGD, DYNEMB_OPT_ADAGRAD,
+                                  DYNEMB_OPT_ADAM, DYNEMB_OPT_FTRL};
+      if (pick(v, names, kinds, 4, &o->opt_kind))
         return bench_bad("--optimizer must be sgd, adagrad, adam or ftrl, "
                          "not '%s'",
                          v);
