@@ -32,7 +32,6 @@
 #define C2 0x9e3779b97f4a7c15ULL /* golden-ratio counter increment */
 #define MAX_REDRAWS 64 /* P(64 redraws) = 0.0455^64: never in practice */
 
-
 int dynemb_init_validate(const dynemb_initializer *init,
                          const char *table_name) {
   const char *t = table_name ? table_name : "?";
