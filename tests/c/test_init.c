@@ -134,7 +134,8 @@ static void test_normal(void) {
   /* the CDF at points in the layers' rectangles, the wedges and the tail
    * (beyond 3.44 the ziggurat takes its tail path): the observed fraction
    * below x is within 4 standard errors of Phi(x) */
-  static const double xs[] = {-3.6, -3.0, -2.2, -1.3, -0.4, 0.1, 0.9, 1.7, 2.6, 3.2, 3.6};
+  static const double xs[] = {-3.6, -3.0, -2.2, -1.3, -0.4, 0.1,
+                              0.9,  1.7,  2.6,  3.2,  3.6};
   for (size_t q = 0; q < sizeof xs / sizeof xs[0]; q++) {
     size_t below = 0;
     for (size_t i = 0; i < n; i++) below += (buf[i] - 2.0) / 0.5 < xs[q];
