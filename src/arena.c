@@ -224,62 +224,42 @@ static int have_spare(dynemb_slab_pool *p) {
   return p->spare != NULL;
 }
 
-/* The prefault thread's next range: the huge page after everything
- * claimed, while less than `want` bytes past the bump pointer are claimed;
- * 0 if there is nothing to do. */
-static size_t claim_next(dynemb_slab_pool *p, size_t want, char **from) {
+/* The next range to populate (at most a huge page, 0 if none) among the
+ * first `want` bytes past the bump pointer, across the newest slab's end
+ * into the spare. `claim` (the prefault thread): past what is claimed, and
+ * claimed now, in steps up to the slab's end. Else (a caller): past what
+ * is ready, claimed or not, up to `want` -- a caller does not wait for
+ * another thread's populate, it repeats it, which the kernel resolves. */
+static size_t next_range(dynemb_slab_pool *p, size_t want, int claim,
+                         char **from) {
   for (;;) {
     if (!prefaulting(p)) return 0;
     settle(p);
-    char *end = p->cur + p->left;
-    if (p->claimed < end) {
-      if ((size_t)(p->claimed - p->cur) >= want) return 0;
-      size_t len = (size_t)(end - p->claimed) < HUGE_PAGE
-                       ? (size_t)(end - p->claimed)
-                       : HUGE_PAGE;
-      *from = p->claimed;
-      p->claimed += len;
-      return len;
-    }
-    if (p->left + p->spare_claimed >= want) return 0;
-    if (!p->spare) { /* (the mutex is released meanwhile: look again) */
-      if (!have_spare(p)) return 0;
-      continue;
-    }
-    if (p->spare_claimed >= p->spare_bytes) return 0; /* never past its end */
-    *from = p->spare + p->spare_claimed;
-    p->spare_claimed += HUGE_PAGE;
-    return HUGE_PAGE;
-  }
-}
-
-/* A caller's next range: the first part of the `need` bytes past the bump
- * pointer whose populate has not finished (at most a huge page, claimed or
- * not: a caller does not wait for another thread's populate, it repeats
- * it, which the kernel resolves); 0 if all of it is ready. */
-static size_t caller_next(dynemb_slab_pool *p, size_t need, char **from) {
-  for (;;) {
-    if (!prefaulting(p)) return 0;
-    settle(p);
-    char *end = p->cur + p->left;
-    char *target = p->left > need ? p->cur + need : end;
+    char *const end = p->cur + p->left;
+    char *const mark = claim ? p->claimed : p->ready;
     size_t len;
-    if (p->ready < target) {
-      *from = p->ready;
-      len = (size_t)(target - p->ready);
-    } else {
-      if (p->left >= need) return 0;
+    if (p->left < want && mark >= end) { /* the rest lies in the spare */
       if (!p->spare) { /* (the mutex is released meanwhile: look again) */
         if (!have_spare(p)) return 0;
         continue;
       }
-      size_t rest = need - p->left;
-      if (rest > p->spare_bytes) rest = p->spare_bytes;
-      if (p->spare_ready >= rest) return 0;
-      *from = p->spare + p->spare_ready;
-      len = rest - p->spare_ready;
+      const size_t smark = claim ? p->spare_claimed : p->spare_ready;
+      const size_t rest = want - p->left < p->spare_bytes ? want - p->left
+                                                         : p->spare_bytes;
+      if (smark >= rest) return 0;
+      *from = p->spare + smark;
+      len = (claim ? p->spare_bytes : rest) - smark;
+      if (len > HUGE_PAGE) len = HUGE_PAGE;
+      if (claim) p->spare_claimed += len;
+    } else {
+      char *const target = p->left > want ? p->cur + want : end;
+      if (mark >= target) return 0;
+      *from = mark;
+      len = (size_t)((claim ? end : target) - mark);
+      if (len > HUGE_PAGE) len = HUGE_PAGE;
+      if (claim) p->claimed += len;
     }
-    return len < HUGE_PAGE ? len : HUGE_PAGE;
+    return len;
   }
 }
 
@@ -299,7 +279,7 @@ static void mark_done(dynemb_slab_pool *p, char *from, size_t len) {
 }
 
 /* The pool's prefault thread: populates ranges (outside the mutex) while
- * claim_next finds some, then sleeps until the next request. Populating
+ * next_range finds some, then sleeps until the next request. Populating
  * never writes data, and slabs are only unmapped when the table is cleared
  * or destroyed, after which a populate in flight is harmless (an error, or
  * pages of a new mapping faulted in early). */
@@ -314,7 +294,7 @@ static void *prefault_main(void *arg) {
     p->requested = 0;
     char *from = NULL;
     size_t len;
-    while (!p->stop && (len = claim_next(p, PREFAULT_AHEAD, &from))) {
+    while (!p->stop && (len = next_range(p, PREFAULT_AHEAD, 1, &from))) {
       pthread_mutex_unlock(&p->mu);
       (void)madvise(from, len, MADV_POPULATE_WRITE);
       pthread_mutex_lock(&p->mu);
@@ -382,7 +362,7 @@ void dynemb_slab_pool_prefault(dynemb_slab_pool *p, size_t need) {
      * under a shard write lock, and other threads would wait for that. */
     char *from = NULL;
     size_t len;
-    while ((len = caller_next(p, need, &from))) {
+    while ((len = next_range(p, need, 0, &from))) {
       pthread_mutex_unlock(&p->mu);
       (void)madvise(from, len, MADV_POPULATE_WRITE);
       pthread_mutex_lock(&p->mu);

@@ -762,27 +762,28 @@ int dynemb_lookup_visible(dynemb_table *t, const int64_t *keys, size_t n,
                      visible, "dynemb_lookup_visible");
 }
 
-/* dynemb_prepare and dynemb_prepare_hints: one of `admitted` / `hints`. */
+/* dynemb_prepare and dynemb_prepare_hints: one of `admitted` / `hints`,
+ * named `buffer` in the error for a NULL one. */
 static int prepare_impl(dynemb_table *t, const int64_t *keys, size_t n,
                         int mode, int64_t now, uint8_t *admitted,
-                        uint64_t *hints, const char *fn) {
+                        uint64_t *hints, const char *buffer, const char *fn) {
   if (t && n && keys && !admitted && !hints) {
     dynemb_error_clear();
     return dynemb_error_set(DYNEMB_EINVAL, "table '%s': prepare of %zu keys "
-                            "got a NULL %s buffer", t->name, n,
-                            !strcmp(fn, "dynemb_prepare") ? "admitted" : "hints");
+                            "got a NULL %s buffer", t->name, n, buffer);
   }
   return lookup_impl(t, keys, n, mode, now, NULL, admitted, hints, NULL, fn);
 }
 
 int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
                    int64_t now, uint8_t *admitted) {
-  return prepare_impl(t, keys, n, mode, now, admitted, NULL, "dynemb_prepare");
+  return prepare_impl(t, keys, n, mode, now, admitted, NULL, "admitted",
+                      "dynemb_prepare");
 }
 
 int dynemb_prepare_hints(dynemb_table *t, const int64_t *keys, size_t n,
                          int mode, int64_t now, uint64_t *hints) {
-  return prepare_impl(t, keys, n, mode, now, NULL, hints,
+  return prepare_impl(t, keys, n, mode, now, NULL, hints, "hints",
                       "dynemb_prepare_hints");
 }
 

@@ -142,16 +142,24 @@ static int parse_double(const char *s, double *out) {
   return 0;
 }
 
-/* *out = values[i] for names[i] == v; nonzero if v is none of them. */
-static int pick(const char *v, const char *const *names, const int *values,
-                int n, int *out) {
-  for (int i = 0; i < n; i++)
-    if (!strcmp(v, names[i])) {
-      *out = values[i];
+/* --init names, indexed by enum dynemb_initializer_kind. */
+static const char *const init_names[] = {
+    [DYNEMB_INIT_UNIFORM] = "uniform",
+    [DYNEMB_INIT_NORMAL] = "normal",
+    [DYNEMB_INIT_TRUNCATED_NORMAL] = "truncated_normal"};
+
+/* The kind in [lo, hi] whose name(kind) is v into *out; nonzero if none. */
+static int pick(const char *v, int lo, int hi, const char *(*name)(int),
+                int *out) {
+  for (int k = lo; k <= hi; k++)
+    if (name(k) && !strcmp(v, name(k))) {
+      *out = k;
       return 0;
     }
   return 1;
 }
+
+static const char *init_name(int kind) { return init_names[kind]; }
 
 static int parse_opts(int argc, char **argv, bench_opts *o) {
   memset(o, 0, sizeof *o);
@@ -243,19 +251,14 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       strcpy(o->dist, v);
       have_dist = 1;
     } else if (!strcmp(a, "--init")) {
-      static const char *const names[] = {"uniform", "normal",
-                                          "truncated_normal"};
-      static const int kinds[] = {DYNEMB_INIT_UNIFORM, DYNEMB_INIT_NORMAL,
-                                  DYNEMB_INIT_TRUNCATED_NORMAL};
-      if (pick(v, names, kinds, 3, &o->init_kind))
+      if (pick(v, DYNEMB_INIT_UNIFORM, DYNEMB_INIT_TRUNCATED_NORMAL, init_name,
+               &o->init_kind))
         return bench_bad("--init must be uniform, normal or truncated_normal, "
                          "not '%s'",
                          v);
     } else if (!strcmp(a, "--optimizer")) {
-      static const char *const names[] = {"sgd", "adagrad", "adam", "ftrl"};
-      static const int kinds[] = {DYNEMB_OPT_SGD, DYNEMB_OPT_ADAGRAD,
-                                  DYNEMB_OPT_ADAM, DYNEMB_OPT_FTRL};
-      if (pick(v, names, kinds, 4, &o->opt_kind))
+      if (pick(v, DYNEMB_OPT_SGD, DYNEMB_OPT_FTRL, dynemb_optim_name,
+               &o->opt_kind))
         return bench_bad("--optimizer must be sgd, adagrad, adam or ftrl, "
                          "not '%s'",
                          v);
@@ -274,19 +277,6 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   if (!have_threads)
     return bench_bad("%s", "--threads is required");
   return 0;
-}
-
-static const char *opt_label(int kind) {
-  switch (kind) {
-  case DYNEMB_OPT_SGD:
-    return "sgd";
-  case DYNEMB_OPT_ADAGRAD:
-    return "adagrad";
-  case DYNEMB_OPT_ADAM:
-    return "adam";
-  default:
-    return "ftrl";
-  }
 }
 
 static int opt_slots(int kind) {
@@ -971,11 +961,8 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"rows\": %" PRIu64 ",\n  \"dim\": %d,\n  \"batch\": %zu,\n",
          o->rows, o->dim, o->batch);
   printf("  \"dist\": \"%s\",\n  \"threads\": %d,\n  \"optimizer\": \"%s\",\n",
-         o->dist, o->threads, opt_label(o->opt_kind));
-  printf("  \"init\": \"%s\",\n",
-         o->init_kind == DYNEMB_INIT_UNIFORM  ? "uniform"
-         : o->init_kind == DYNEMB_INIT_NORMAL ? "normal"
-                                              : "truncated_normal");
+         o->dist, o->threads, dynemb_optim_name(o->opt_kind));
+  printf("  \"init\": \"%s\",\n", init_name(o->init_kind));
   printf("  \"row_floats\": %d,\n  \"seed\": %" PRIu64 ",\n"
          "  \"min_time_s\": %g,\n",
          r->row_floats, o->seed, o->min_time);
@@ -984,7 +971,7 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"lookup_hinted_keys_per_s\": %.0f,\n", r->hinted.per_s);
   printf("  \"insert_keys_per_s\": %.0f,\n", r->insert.per_s);
   printf("  \"apply_keys_per_s\": %.0f,\n", r->apply.per_s);
-  printf("  \"apply_%s_keys_per_s\": %.0f,\n", opt_label(o->opt_kind),
+  printf("  \"apply_%s_keys_per_s\": %.0f,\n", dynemb_optim_name(o->opt_kind),
          r->apply.per_s);
   printf("  \"apply_hinted_keys_per_s\": %.0f,\n", r->apply_hinted.per_s);
   printf("  \"apply_unique_keys_per_batch\": %.1f,\n",
@@ -1088,7 +1075,7 @@ static void print_human(const bench *b, const results *r) {
   printf("dynemb bench: %" PRIu64 " rows x dim %d, batch %zu, %s, %d "
          "thread(s), optimizer %s\n\n",
          o->rows, o->dim, o->batch, o->dist, o->threads,
-         opt_label(o->opt_kind));
+         dynemb_optim_name(o->opt_kind));
   printf("  %-28s %16s %10s\n", "measure", "value", "target");
   printf("  %-28s %16.0f\n", "gather limit (rows/s)", r->gather_limit);
   printf("  %-28s %16.0f\n", "  gather plain (rows/s)", r->gplain.per_s);
@@ -1162,7 +1149,7 @@ int dynemb_cmd_bench(int argc, char **argv) {
                (o->opt_kind == DYNEMB_OPT_ADAM ? (double)R * o->dim * 8 : 0);
   progress("%" PRIu64 " rows x dim %d (%d floats/row with %s slots), batch "
            "%zu, %s, %d thread(s); needs about %.2f GB",
-           R, o->dim, row_floats, opt_label(o->opt_kind), o->batch, o->dist, T,
+           R, o->dim, row_floats, dynemb_optim_name(o->opt_kind), o->batch, o->dist, T,
            est / 1e9);
 
   /* Positions, keys, permutation. */
