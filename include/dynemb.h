@@ -153,13 +153,30 @@ typedef struct dynemb_table_config {
    * few thousand keys touches nearly every shard). BENCHMARKS.md compares
    * 16, 64 and 256. */
   int shards;
-  /* Storage tiers, in rows. 0 = unlimited for host and ssd, none for
-   * device. Only the host tier is implemented in this version: a nonzero
-   * device or ssd budget is validated and then rejected with a message. */
+  /* Storage tiers, in rows. The device tier is not implemented in this
+   * version (a nonzero device_vocabulary_size is rejected with a message).
+   *
+   * host_vocabulary_size: rows in host memory; 0 = unlimited. Without an
+   * SSD tier it is a hard budget: inserts beyond it fail with ECAPACITY.
+   *
+   * ssd_vocabulary_size (> 0 turns the SSD tier on; needs
+   * host_vocabulary_size > 0 and ssd_data_path): rows the SSD tier may
+   * hold, at most 2^30 - 1. Host memory is then a cache above it: when a
+   * row enters memory (insert, or a train lookup of a row on SSD) and
+   * memory holds host_vocabulary_size rows, the least recently accessed
+   * of a few cold rows of the same shard moves to SSD; a row is cold if
+   * the calling lookup did not touch it. When no row of the shard is cold,
+   * memory exceeds its budget until later calls move rows. Train lookups
+   * bring rows back into memory; eval lookups, hinted lookups and applies
+   * read or update rows on SSD in place. Inserts fail with ECAPACITY only
+   * when both tiers are full. The SSD file is anonymous (gone when the
+   * process ends); checkpoints hold every row whatever its tier. With an
+   * SSD tier an I/O error fails the call with EIO, and an import that
+   * fails that way may have imported part of the rows. */
   uint64_t device_vocabulary_size;
   uint64_t host_vocabulary_size;
   uint64_t ssd_vocabulary_size;
-  const char *ssd_data_path; /* directory for the SSD tier; copied */
+  const char *ssd_data_path; /* directory for the SSD tier's file; copied */
 } dynemb_table_config;
 
 /* Fills `cfg` with defaults: dim 0 (must be set), name NULL (must be set),
@@ -379,6 +396,14 @@ typedef struct dynemb_table_stats {
   uint64_t dropped_gradients;  /* gradient rows for keys without a row */
   uint64_t nonfinite_skipped;  /* gradient rows skipped for NaN/Inf */
   uint64_t apply_steps;   /* apply calls (Adam's step count) */
+  /* Storage tiers (size = host_rows + ssd_rows). */
+  uint64_t host_rows;     /* rows in host memory now */
+  uint64_t ssd_rows;      /* rows on the SSD tier now */
+  uint64_t ssd_bytes;     /* length of the SSD tier's file */
+  uint64_t ssd_reads;     /* rows read from the SSD tier: moves into
+                             memory, eval reads, updates in place, saves */
+  uint64_t ssd_writes;    /* rows written to it: moves out of memory,
+                             updates in place, imports */
 } dynemb_table_stats;
 
 DYNEMB_API void dynemb_table_get_stats(dynemb_table *t,

@@ -42,6 +42,7 @@
 #define DYNEMB_LOC_TIER_SHIFT 30
 #define DYNEMB_LOC_SLOT_MASK ((UINT32_C(1) << DYNEMB_LOC_TIER_SHIFT) - 1)
 #define DYNEMB_TIER_HOST 0u
+#define DYNEMB_TIER_SSD 1u
 #define DYNEMB_LOC(tier, slot) \
   (((uint32_t)(tier) << DYNEMB_LOC_TIER_SHIFT) | (uint32_t)(slot))
 #define DYNEMB_LOC_TIER(loc) ((uint32_t)(loc) >> DYNEMB_LOC_TIER_SHIFT)

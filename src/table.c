@@ -134,13 +134,19 @@ static int validate_config(const dynemb_table_config *cfg) {
                             "set it to 0 (rows live in host memory)",
                             nm,
                             (unsigned long long)cfg->device_vocabulary_size);
-  if (cfg->ssd_vocabulary_size != 0)
+  if (cfg->ssd_vocabulary_size != 0 && cfg->host_vocabulary_size == 0)
     return dynemb_error_set(DYNEMB_EINVAL,
-                            "table '%s': ssd_vocabulary_size = %llu: the SSD "
-                            "tier is not implemented in this version; set it "
-                            "to 0 and bound host memory with "
-                            "host_vocabulary_size and eviction",
+                            "table '%s': ssd_vocabulary_size = %llu needs a "
+                            "host tier budget: host memory is the cache above "
+                            "the SSD tier; set host_vocabulary_size > 0 (the "
+                            "rows kept in memory)",
                             nm, (unsigned long long)cfg->ssd_vocabulary_size);
+  if (cfg->ssd_vocabulary_size > DYNEMB_SSD_MAX_RECORDS)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': ssd_vocabulary_size = %llu is above "
+                            "the tier's limit of %llu rows per table; lower it",
+                            nm, (unsigned long long)cfg->ssd_vocabulary_size,
+                            (unsigned long long)DYNEMB_SSD_MAX_RECORDS);
   return DYNEMB_OK;
 }
 
@@ -149,6 +155,7 @@ int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out) {
   if (rc) return rc;
   dynemb_table *t = calloc(1, sizeof *t);
   if (!t) goto nomem;
+  dynemb_ssd_init_off(&t->ssd);
   t->cfg = *cfg;
   t->name = strdup(cfg->name);
   t->default_value = calloc((size_t)cfg->dim, sizeof(float));
@@ -208,6 +215,15 @@ int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out) {
     dynemb_arena_init(&sh->arena, emb_f, slot_f, &t->pool, &t->slot_pool);
   }
   pthread_rwlockattr_destroy(&attr);
+  if (cfg->ssd_vocabulary_size) {
+    rc = dynemb_ssd_open(&t->ssd, t->ssd_data_path, t->name,
+                         emb_f * sizeof(float), slot_f * sizeof(float),
+                         cfg->ssd_vocabulary_size);
+    if (rc) { /* the message names the directory */
+      dynemb_table_destroy(t);
+      return rc;
+    }
+  }
   *out = t;
   return DYNEMB_OK;
 nomem_pool:
@@ -239,6 +255,7 @@ void dynemb_table_destroy(dynemb_table *t) {
     dynemb_slab_pool_destroy(&t->pool);
     dynemb_slab_pool_destroy(&t->slot_pool);
   }
+  dynemb_ssd_close(&t->ssd);
   free(t->name);
   free(t->default_value);
   free(t->ssd_data_path);
@@ -424,6 +441,14 @@ static inline uint64_t make_hint(const dynemb_shard *sh, uint32_t shard,
 #define HINT_GEN(h) ((uint32_t)((h) >> 44))
 #define HINT_LOC(h) ((uint32_t)(h))
 
+/* Whether hint `hi` of shard `sh` (locked) still names its row's slot in
+ * host memory. */
+static inline int hint_valid(const dynemb_shard *sh, uint64_t hi) {
+  return HINT_GEN(hi) == (sh->gen & HINT_GEN_MASK) &&
+         DYNEMB_LOC_TIER(HINT_LOC(hi)) == DYNEMB_TIER_HOST &&
+         DYNEMB_LOC_SLOT(HINT_LOC(hi)) < sh->arena.slots;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Inserting rows                                                            */
 /* ------------------------------------------------------------------------ */
@@ -450,16 +475,147 @@ static int insert_error(const dynemb_table *t, int rc) {
                           t->name);
 }
 
+/* ------------------------------------------------------------------------ */
+/* The SSD tier (ssd.h): host memory is a budgeted cache above it            */
+/* ------------------------------------------------------------------------ */
+
+static inline int on_host(uint32_t loc) {
+  return DYNEMB_LOC_TIER(loc) == DYNEMB_TIER_HOST;
+}
+
+#define VICTIM_SAMPLE 8  /* cold host rows compared for each one moved */
+#define VICTIM_SCAN 4096 /* index entries looked at for each one, at most */
+
+static int full_error(const dynemb_table *t) {
+  return dynemb_error_set(
+      DYNEMB_ECAPACITY,
+      "table '%s': host_vocabulary_size = %llu plus ssd_vocabulary_size = "
+      "%llu rows are full; raise ssd_vocabulary_size or enable eviction "
+      "(eviction_threshold and dynemb_evict)",
+      t->name, (unsigned long long)t->cfg.host_vocabulary_size,
+      (unsigned long long)t->cfg.ssd_vocabulary_size);
+}
+
+/* Moves one row of shard `sh` (write-locked) from host memory to the SSD
+ * tier: the least recently accessed of up to VICTIM_SAMPLE host rows met
+ * after the shard's hand, never `keep` (may be NULL). *moved = 0 when the
+ * shard has no such row. Each move bumps the shard's generation, so every
+ * hint made before it goes stale: a hint can never name a slot whose row
+ * has moved. Errors: ECAPACITY (the SSD tier is full; no message), EIO. */
+static int demote_one(dynemb_table *t, dynemb_shard *sh,
+                      const dynemb_index_entry *keep, int *moved) {
+  *moved = 0;
+  dynemb_index *ix = &sh->rows;
+  if (!ix->count || ix->cap_f <= 0) return DYNEMB_OK;
+  const uint64_t cap = ix->cap;
+  uint64_t i = sh->hand < cap ? sh->hand : 0;
+  dynemb_index_entry *best = NULL;
+  int seen = 0;
+  for (uint64_t k = 0; k < cap && k < VICTIM_SCAN && seen < VICTIM_SAMPLE; k++) {
+    dynemb_index_entry *e = ix->slots + i;
+    if (++i == cap) i = 0;
+    if (e->loc == DYNEMB_LOC_EMPTY || !on_host(e->loc) || e == keep) continue;
+    seen++;
+    if (!best || LOAD(&e->last_access) < LOAD(&best->last_access)) best = e;
+  }
+  sh->hand = i;
+  if (!best) return DYNEMB_OK;
+  uint32_t rec = 0;
+  int rc = dynemb_ssd_alloc(&t->ssd, &rec);
+  if (rc) return rc;
+  const uint32_t slot = DYNEMB_LOC_SLOT(best->loc);
+  rc = dynemb_ssd_write(&t->ssd, rec, dynemb_arena_row(&sh->arena, slot),
+                        t->slots ? dynemb_arena_slots(&sh->arena, slot) : NULL);
+  if (rc) {
+    dynemb_ssd_release(&t->ssd, rec);
+    return rc;
+  }
+  sh->gen++;
+  dynemb_arena_release(&sh->arena, slot);
+  best->loc = DYNEMB_LOC(DYNEMB_TIER_SSD, rec);
+  ADD(&t->rows_total, (uint64_t)-1);
+  *moved = 1;
+  return DYNEMB_OK;
+}
+
+/* demote_one on another shard than `sh` (whose write lock the caller
+ * holds): the first of the others, from the one after `sh`, whose write
+ * lock is free right now (a try-lock, so two threads doing this cannot
+ * deadlock) and that has a row in memory. */
+static int demote_elsewhere(dynemb_table *t, const dynemb_shard *sh,
+                            int *moved) {
+  *moved = 0;
+  const uint32_t S = t->nshards, from = (uint32_t)(sh - t->shards);
+  int rc = DYNEMB_OK;
+  for (uint32_t k = 1; k < S && !*moved && !rc; k++) {
+    dynemb_shard *o = &t->shards[(from + k) & (S - 1)];
+    if (pthread_rwlock_trywrlock(&o->lock) != 0) continue;
+    rc = demote_one(t, o, NULL, moved);
+    pthread_rwlock_unlock(&o->lock);
+  }
+  return rc;
+}
+
+/* When a row enters the host memory of shard `sh` (write-locked) of a
+ * table with an SSD tier (`entering` = 1 before it is counted in
+ * rows_total, 0 after) and memory is over its budget: moves up to two
+ * rows (not `keep`) to SSD; two, so that memory over its budget comes back
+ * to it. They come from `sh`, or when it has no other row in memory, from
+ * another shard that is free (demote_elsewhere); if none is, memory exceeds
+ * its budget until a later call moves rows. Errors: ECAPACITY (both tiers
+ * full; message set), EIO. */
+static int make_room(dynemb_table *t, dynemb_shard *sh,
+                     const dynemb_index_entry *keep, uint64_t entering) {
+  const uint64_t budget = t->cfg.host_vocabulary_size;
+  for (int k = 0; k < 2 && LOAD(&t->rows_total) + entering > budget; k++) {
+    int moved = 0;
+    int rc = demote_one(t, sh, keep, &moved);
+    if (!rc && !moved) rc = demote_elsewhere(t, sh, &moved);
+    if (rc == DYNEMB_ECAPACITY) return full_error(t);
+    if (rc) return rc;
+    if (!moved) break;
+  }
+  return DYNEMB_OK;
+}
+
+/* Brings the row of entry `e` (on the SSD tier) of shard `sh`
+ * (write-locked) into host memory, then makes room (make_room) for it.
+ * Nothing changes if reading fails. */
+static int promote(dynemb_table *t, dynemb_shard *sh, dynemb_index_entry *e) {
+  uint32_t slot = 0;
+  int rc = dynemb_arena_alloc(&sh->arena, &slot);
+  if (rc) return insert_error(t, rc);
+  const uint32_t rec = DYNEMB_LOC_SLOT(e->loc);
+  rc = dynemb_ssd_read(&t->ssd, rec, dynemb_arena_row(&sh->arena, slot),
+                       t->slots ? dynemb_arena_slots(&sh->arena, slot) : NULL);
+  if (rc) {
+    dynemb_arena_release(&sh->arena, slot);
+    return rc;
+  }
+  dynemb_ssd_release(&t->ssd, rec);
+  e->loc = DYNEMB_LOC(DYNEMB_TIER_HOST, slot);
+  ADD(&t->rows_total, 1);
+  rc = make_room(t, sh, e, 0);
+  /* the row count did not grow: a full SSD tier (another thread took the
+   * record just freed) only leaves memory over its budget for now */
+  return rc == DYNEMB_ECAPACITY ? DYNEMB_OK : rc;
+}
+
 /* Inserts a fresh row for absent `key` in shard `sh` (write-locked),
  * growing the index into `spare` (may be NULL) if it was made for that.
- * Nothing changes on failure. */
+ * With an SSD tier, rows move there first (make_room). Nothing changes on
+ * failure but such moves. */
 static int insert_row(dynemb_table *t, dynemb_shard *sh, int64_t key,
                       uint64_t h, uint32_t now, dynemb_index_spare *spare,
                       dynemb_index_entry **out) {
   /* rows_total is kept only for a budget (fixed at creation), so that
    * unbudgeted inserts on different shards share no cache line */
   uint64_t budget = t->cfg.host_vocabulary_size;
-  if (budget && ADD(&t->rows_total, 1) >= budget) {
+  if (dynemb_ssd_on(&t->ssd)) {
+    int rc = make_room(t, sh, NULL, 1);
+    if (rc) return rc;
+    ADD(&t->rows_total, 1);
+  } else if (budget && ADD(&t->rows_total, 1) >= budget) {
     ADD(&t->rows_total, (uint64_t)-1);
     return budget_error(t);
   }
@@ -521,7 +677,9 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
     dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);
     if (admitted) admitted[i] = 1; /* reset below when rejected */
     if (hints) hints[i] = DYNEMB_NO_HINT; /* set below when it has a row */
-    if (e) { /* inserted since the read pass (or repeated in the batch) */
+    if (e) { /* on the SSD tier, inserted since the read pass, or repeated
+              * in the batch */
+      if (!on_host(e->loc) && (rc = promote(t, sh, e))) break;
       stamp(e, now);
       if (hints) hints[i] = make_hint(sh, shard, e->loc);
       if (dst) memcpy(dst, row_of(sh, e->loc), rbytes);
@@ -610,6 +768,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
   const float *ring[RING];
   uint32_t nmiss = 0;
   uint64_t hits = 0;
+  int io_rc = DYNEMB_OK; /* an SSD read failed (message set) */
   const float *dflt = train ? NULL : t->default_value;
   for (size_t i = 0; i < n + ROW_DIST; i++) {
     if (i + IDX_PF < n) {
@@ -624,8 +783,20 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       if (visible && !visible[i]) e = NULL;
       const float *r = dflt;
       if (admitted) admitted[i] = e != NULL;
+      /* (a hint naming the SSD tier is never valid: hinted calls read
+       * such rows by key) */
       if (hints) hints[i] = e ? make_hint(sh, shard, e->loc) : DYNEMB_NO_HINT;
-      if (e) {
+      if (e && !on_host(e->loc)) {
+        if (train) { /* brought into memory under the write lock */
+          miss[nmiss++] = (uint32_t)i;
+        } else { /* read in place: eval never changes the table */
+          if (out && !io_rc)
+            io_rc = dynemb_ssd_read(&t->ssd, DYNEMB_LOC_SLOT(e->loc),
+                                    out + i * dim, NULL);
+          hits++;
+        }
+        r = NULL;
+      } else if (e) {
         if (out) { /* (prepare has no output: no chunk-table read) */
           r = row_of(sh, e->loc);
           prefetch_lines(r, rbytes);
@@ -670,8 +841,8 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
     if (mark[s]) pthread_rwlock_unlock(&t->shards[s].lock);
   lc->hits += hits;
 
-  int rc = DYNEMB_OK;
-  if (nmiss) {
+  int rc = io_rc;
+  if (nmiss && !rc) {
     /* fault in the memory of the next row chunks now, outside the locks */
     /* room for this call's inserts, twice over (another thread may take
      * from the same memory meanwhile) */
@@ -822,8 +993,7 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
       const float *r = t->default_value; /* not admitted at prepare time */
       if (hi != DYNEMB_NO_HINT) {
         const dynemb_shard *sh = HINT_SHARD(hi) < S ? &t->shards[HINT_SHARD(hi)] : NULL;
-        if (sh && HINT_GEN(hi) == (sh->gen & HINT_GEN_MASK) &&
-            DYNEMB_LOC_SLOT(HINT_LOC(hi)) < sh->arena.slots) {
+        if (sh && hint_valid(sh, hi)) {
           r = row_of(sh, HINT_LOC(hi));
           prefetch_lines(r, rbytes);
           hits++;
@@ -1063,6 +1233,22 @@ static int nonfinite_error(const dynemb_table *t, const int64_t *keys,
 /* `allowed` NULL: no filter; else only its keys are updated. `hints` NULL:
  * rows are found by key; else (dynemb_apply_hinted) only keys with a hint
  * are updated, at the hinted row while the hint is current. */
+/* The optimizer step on a row of the SSD tier: read, update, write back
+ * (record `rec`; `*buf` is a row-sized scratch made on first use). */
+static int ssd_apply_row(dynemb_table *t, const dynemb_optim_step *ostep,
+                         uint32_t rec, const float *grad, float **buf) {
+  if (!*buf && !(*buf = malloc((size_t)t->row_floats * sizeof(float))))
+    return dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory updating a row of the "
+                            "SSD tier", t->name);
+  float *row = *buf, *slots = row + t->dim;
+  static float no_slots[1]; /* never written: SGD has no slots */
+  int rc = dynemb_ssd_read(&t->ssd, rec, row, t->slots ? slots : NULL);
+  if (rc) return rc;
+  dynemb_optim_apply_row(ostep, row, t->slots ? slots : no_slots, grad, t->dim);
+  return dynemb_ssd_write(&t->ssd, rec, row, t->slots ? slots : NULL);
+}
+
 static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
                       const float *grads, float learning_rate,
                       const key_set *allowed, const uint64_t *hints,
@@ -1094,7 +1280,7 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
   dedupe_slot *dd = NULL;
   uniq *u = NULL;
   uint32_t *uo = NULL, *useg = NULL;
-  float *sum = NULL;
+  float *sum = NULL, *ssd_buf = NULL;
   int rc = DYNEMB_OK;
   size_t n_uniq = 0, n_applied = 0, n_dropped = 0, n_nonfinite = 0;
   if (n == 0) {
@@ -1215,14 +1401,12 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
     pthread_rwlock_wrlock(&sh->lock);
     /* probe: a key without a row is skipped, and the hash field is
      * reused for the row's location (taken from a current hint as is) */
-    const uint32_t gen = sh->gen & HINT_GEN_MASK;
     for (uint32_t k = a; k < b; k++) {
       uniq *q = &u[k];
       if (hints) {
         if (q->skip) continue;
         const uint64_t hi = q->hint;
-        if (HINT_SHARD(hi) == s && HINT_GEN(hi) == gen &&
-            DYNEMB_LOC_SLOT(HINT_LOC(hi)) < sh->arena.slots) {
+        if (HINT_SHARD(hi) == s && hint_valid(sh, hi)) {
           q->hash = HINT_LOC(hi);
           continue;
         }
@@ -1237,8 +1421,9 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
         q->hash = e->loc;
       }
     }
-    for (uint32_t k = a; k < b; k++) {
-      if (k + ROW_PF < b && !u[k + ROW_PF].skip) {
+    for (uint32_t k = a; k < b && !rc; k++) {
+      if (k + ROW_PF < b && !u[k + ROW_PF].skip &&
+          on_host((uint32_t)u[k + ROW_PF].hash)) {
         /* the row, and the gradient (scattered in the caller's array) */
         uint32_t loc = (uint32_t)u[k + ROW_PF].hash;
         prefetch_lines(row_of(sh, loc), emb_bytes);
@@ -1247,12 +1432,18 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
       }
       if (u[k].skip) continue;
       uint32_t loc = (uint32_t)u[k].hash;
-      dynemb_optim_apply_row(&ostep, row_of(sh, loc),
-                             slot_bytes ? slots_of(sh, loc) : no_slots,
-                             u[k].grad, t->dim);
+      if (!on_host(loc)) { /* updated in place on the SSD tier */
+        rc = ssd_apply_row(t, &ostep, DYNEMB_LOC_SLOT(loc), u[k].grad, &ssd_buf);
+        if (rc) break;
+      } else {
+        dynemb_optim_apply_row(&ostep, row_of(sh, loc),
+                               slot_bytes ? slots_of(sh, loc) : no_slots,
+                               u[k].grad, t->dim);
+      }
       n_applied++;
     }
     pthread_rwlock_unlock(&sh->lock);
+    if (rc) goto done;
   }
   goto done;
 nomem:
@@ -1267,6 +1458,7 @@ done:
   free(uo);
   free(useg);
   free(sum);
+  free(ssd_buf);
   if (rc) n_uniq = n_nonfinite = 0;
   if (n_applied) ADD(&t->n_applied, (uint64_t)n_applied);
   if (n_dropped) ADD(&t->n_dropped, (uint64_t)n_dropped);
@@ -1284,9 +1476,12 @@ done:
 /* Eviction and clear                                                        */
 /* ------------------------------------------------------------------------ */
 
-/* Removes entries older than the threshold; frees row slots if `arena`. */
-static uint64_t evict_index(dynemb_index *ix, dynemb_arena *arena, int64_t now,
-                            int64_t threshold) {
+/* Removes entries older than the threshold. For rows (`arena` set), frees
+ * their slots in host memory or records of the SSD tier and counts the
+ * former in *on_host_removed. */
+static uint64_t evict_index(dynemb_table *t, dynemb_index *ix,
+                            dynemb_arena *arena, int64_t now,
+                            int64_t threshold, uint64_t *on_host_removed) {
   uint64_t removed = 0;
   if (!ix->count) return 0;
   uint64_t i = 0;
@@ -1294,7 +1489,12 @@ static uint64_t evict_index(dynemb_index *ix, dynemb_arena *arena, int64_t now,
     dynemb_index_entry *e = ix->slots + i;
     if (e->loc != DYNEMB_LOC_EMPTY &&
         now - (int64_t)LOAD(&e->last_access) > threshold) {
-      if (arena) dynemb_arena_release(arena, DYNEMB_LOC_SLOT(e->loc));
+      if (arena && on_host(e->loc)) {
+        dynemb_arena_release(arena, DYNEMB_LOC_SLOT(e->loc));
+        (*on_host_removed)++;
+      } else if (arena) {
+        dynemb_ssd_release(&t->ssd, DYNEMB_LOC_SLOT(e->loc));
+      }
       /* backward shift may move an unvisited entry into i: look again */
       dynemb_index_erase_at(ix, i);
       removed++;
@@ -1319,10 +1519,11 @@ int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
   for (uint32_t s = 0; s < t->nshards; s++) {
     dynemb_shard *sh = &t->shards[s];
     pthread_rwlock_wrlock(&sh->lock);
-    uint64_t r = evict_index(&sh->rows, &sh->arena, now, thr);
+    uint64_t hr = 0;
+    uint64_t r = evict_index(t, &sh->rows, &sh->arena, now, thr, &hr);
     if (r) sh->gen++; /* freed slots may be reused: hints go stale */
-    cands += evict_index(&sh->cands, NULL, now, thr);
-    if (r && t->cfg.host_vocabulary_size) ADD(&t->rows_total, (uint64_t)0 - r);
+    cands += evict_index(t, &sh->cands, NULL, now, thr, NULL);
+    if (hr && t->cfg.host_vocabulary_size) ADD(&t->rows_total, (uint64_t)0 - hr);
     pthread_rwlock_unlock(&sh->lock);
     rows += r;
   }
@@ -1347,6 +1548,7 @@ void dynemb_table_clear(dynemb_table *t) {
   }
   dynemb_slab_pool_release(&t->pool);
   dynemb_slab_pool_release(&t->slot_pool);
+  dynemb_ssd_reset(&t->ssd);
   STORE(&t->rows_total, 0);
   unlock_all(t);
 }
@@ -1374,6 +1576,17 @@ void dynemb_table_get_stats(dynemb_table *t, dynemb_table_stats *st) {
   }
   st->bytes = bytes + dynemb_slab_pool_bytes(&t->pool) +
              dynemb_slab_pool_bytes(&t->slot_pool);
+  if (dynemb_ssd_on(&t->ssd)) {
+    /* (records change only under shard write locks: between the loop
+     * above and here, another call may have moved rows) */
+    st->ssd_rows = dynemb_ssd_used(&t->ssd);
+    uint64_t high = dynemb_ssd_high(&t->ssd);
+    st->ssd_bytes = high * (t->ssd.emb_bytes + t->ssd.slot_bytes);
+    st->capacity += high;
+    st->ssd_reads = __atomic_load_n(&t->ssd.reads, RELAXED);
+    st->ssd_writes = __atomic_load_n(&t->ssd.writes, RELAXED);
+  }
+  st->host_rows = st->size > st->ssd_rows ? st->size - st->ssd_rows : 0;
   st->lookups = LOAD(&t->n_lookups);
   st->hits = LOAD(&t->n_hits);
   st->inserted = LOAD(&t->n_inserted);
@@ -1405,7 +1618,7 @@ uint64_t dynemb_table_capacity(dynemb_table *t) {
     n += t->shards[s].arena.slots;
     pthread_rwlock_unlock(&t->shards[s].lock);
   }
-  return n;
+  return n + dynemb_ssd_high(&t->ssd);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1541,13 +1754,19 @@ int dynemb_table_snapshot(dynemb_table *t, dynemb_snapshot *snap) {
     collect(t, 0, order);
     ok = radix_sort(order, rows) == DYNEMB_OK;
   }
+  int io_rc = DYNEMB_OK;
   if (ok) {
-    for (size_t i = 0; i < rows; i++) {
+    for (size_t i = 0; i < rows && !io_rc; i++) {
       dynemb_index_entry *e = entry_of(t, 0, order[i].v);
       snap->keys[i] = e->key;
       snap->last_access[i] = LOAD(&e->last_access);
       const dynemb_shard *sh = &t->shards[order[i].v >> 40];
       float *to = snap->values + i * rf;
+      if (!on_host(e->loc)) {
+        io_rc = dynemb_ssd_read(&t->ssd, DYNEMB_LOC_SLOT(e->loc), to,
+                                rf > (size_t)t->dim ? to + t->dim : NULL);
+        continue;
+      }
       memcpy(to, row_of(sh, e->loc), (size_t)t->dim * sizeof(float));
       if (rf > (size_t)t->dim)
         memcpy(to + t->dim, slots_of(sh, e->loc),
@@ -1566,6 +1785,10 @@ int dynemb_table_snapshot(dynemb_table *t, dynemb_snapshot *snap) {
   }
   unlock_all(t);
   free(order);
+  if (io_rc) { /* the message names the table and the disk */
+    dynemb_snapshot_free(snap);
+    return io_rc;
+  }
   if (!ok) {
     dynemb_snapshot_free(snap);
     return dynemb_error_set(DYNEMB_ENOMEM,
@@ -1607,6 +1830,21 @@ static size_t select_keys(const int64_t *keys, size_t n, uint32_t shard_index,
   }
   *out = a;
   return w;
+}
+
+/* Writes snapshot row `from` into record `rec` of the SSD tier (with fresh
+ * optimizer slots if `emb_only`; `*buf` is a row-sized scratch made on
+ * first use). */
+static int import_ssd_row(dynemb_table *t, uint32_t rec, const float *from,
+                          int emb_only, float **buf) {
+  if (!t->slots || !emb_only) /* the snapshot row has the record's layout */
+    return dynemb_ssd_write(&t->ssd, rec, from, t->slots ? from + t->dim : NULL);
+  if (!*buf && !(*buf = malloc((size_t)t->row_floats * sizeof(float))))
+    return dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory importing rows to the "
+                            "SSD tier", t->name);
+  dynemb_optim_init_slots(&t->cfg.optimizer, *buf + t->dim, t->dim);
+  return dynemb_ssd_write(&t->ssd, rec, from, *buf + t->dim);
 }
 
 int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
@@ -1662,12 +1900,14 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
                             t->name, snap->rows, snap->candidates);
   const int replace = (flags & DYNEMB_IMPORT_REPLACE) != 0;
   kv *rsel = NULL, *csel = NULL;
-  uint64_t *need = NULL; /* per shard: new rows, new candidates */
+  float *ssd_buf = NULL;
+  uint64_t *need = NULL; /* per shard: new rows, new candidates, new rows
+                          * in host memory */
   size_t nr = select_keys(snap->keys, snap->rows, shard_index, shard_count, &rsel);
   size_t nc = nr == SIZE_MAX ? SIZE_MAX
                              : select_keys(snap->cand_keys, snap->candidates,
                                            shard_index, shard_count, &csel);
-  need = calloc((size_t)t->nshards * 2, sizeof *need);
+  need = calloc((size_t)t->nshards * 3, sizeof *need);
   if (nr == SIZE_MAX || nc == SIZE_MAX || !need) {
     free(rsel);
     free(csel);
@@ -1678,8 +1918,15 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
   }
   int rc = DYNEMB_OK;
   lock_all(t, 1);
-  /* 1. count what will be added (nothing changes yet) */
-  uint64_t total = 0;
+  /* 1. count what will be added (nothing changes yet). With an SSD tier,
+   * new rows fill host memory up to its budget (in key order) and go to
+   * SSD after that; rows already on SSD are rewritten there. */
+  const int ssd = dynemb_ssd_on(&t->ssd);
+  const uint64_t hbudget = t->cfg.host_vocabulary_size;
+  const uint64_t host_now = replace ? 0 : LOAD(&t->rows_total);
+  const uint64_t host_room0 =
+      !ssd ? UINT64_MAX : hbudget > host_now ? hbudget - host_now : 0;
+  uint64_t total = 0, host_room = host_room0, ssd_new = 0;
   for (uint32_t s = 0; s < t->nshards; s++)
     total += replace ? 0 : t->shards[s].rows.count;
   for (size_t i = 0; i < nr; i++) {
@@ -1687,16 +1934,32 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
     uint64_t h = dynemb_hash_key(key);
     uint32_t s = dynemb_table_shard_of(t, h);
     if (replace || !dynemb_index_find(&t->shards[s].rows, key, h)) {
-      need[2 * s]++;
+      need[3 * s]++;
+      if (host_room) {
+        need[3 * s + 2]++;
+        host_room--;
+      } else {
+        ssd_new++;
+      }
       total++;
     }
   }
   for (size_t i = 0; i < nc; i++) {
     uint32_t s = dynemb_table_shard_of(t, dynemb_hash_key(snap->cand_keys[csel[i].v]));
-    need[2 * s + 1]++;
+    need[3 * s + 1]++;
   }
   uint64_t budget = t->cfg.host_vocabulary_size;
-  if (budget && total > budget)
+  if (ssd && (replace ? 0 : dynemb_ssd_used(&t->ssd)) + ssd_new >
+                 t->cfg.ssd_vocabulary_size)
+    rc = dynemb_error_set(DYNEMB_ECAPACITY,
+                          "table '%s': importing would make %llu rows but "
+                          "host_vocabulary_size + ssd_vocabulary_size is "
+                          "%llu; raise ssd_vocabulary_size or enable "
+                          "eviction",
+                          t->name, (unsigned long long)total,
+                          (unsigned long long)(budget +
+                                               t->cfg.ssd_vocabulary_size));
+  else if (!ssd && budget && total > budget)
     rc = dynemb_error_set(DYNEMB_ECAPACITY,
                           "table '%s': importing would make %llu rows but "
                           "host_vocabulary_size is %llu; raise "
@@ -1707,15 +1970,17 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
   for (uint32_t s = 0; s < t->nshards && !rc; s++) {
     dynemb_shard *sh = &t->shards[s];
     uint64_t rows_now = replace ? 0 : sh->rows.count;
-    uint64_t free_now = dynemb_arena_available(&sh->arena) +
-                        (replace ? sh->rows.count : 0);
-    uint64_t nr_s = need[2 * s], nc_s = need[2 * s + 1];
+    /* (a replace frees every slot of the shard) */
+    uint64_t free_now = replace ? sh->arena.slots
+                                : dynemb_arena_available(&sh->arena);
+    uint64_t nr_s = need[3 * s], nc_s = need[3 * s + 1];
+    uint64_t nh_s = need[3 * s + 2];
     int r = dynemb_index_reserve(&sh->rows, rows_now + nr_s);
     if (!r) r = dynemb_index_reserve(&sh->cands,
                                      (replace ? 0 : sh->cands.count) + nc_s);
-    if (!r && nr_s > free_now)
+    if (!r && nh_s > free_now)
       r = dynemb_arena_reserve(&sh->arena,
-                               dynemb_arena_available(&sh->arena) + (nr_s - free_now));
+                               dynemb_arena_available(&sh->arena) + (nh_s - free_now));
     if (r) rc = insert_error(t, r);
   }
   /* 3. apply */
@@ -1728,11 +1993,13 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
         dynemb_index_clear_keep(&sh->cands);
         dynemb_arena_clear_keep(&sh->arena);
       }
+      dynemb_ssd_reset(&t->ssd);
     }
+    host_room = host_room0;
     uint64_t rows_after = 0;
     uint32_t max_la = 0; /* the table clock follows the imported stamps */
     for (uint32_t s = 0; s < t->nshards; s++) t->shards[s].gen++;
-    for (size_t i = 0; i < nr; i++) {
+    for (size_t i = 0; i < nr && !rc; i++) {
       size_t src = rsel[i].v;
       int64_t key = snap->keys[src];
       uint64_t h = dynemb_hash_key(key);
@@ -1741,21 +2008,30 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
       dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);
       if (!e) {
         uint32_t slot = 0;
-        dynemb_arena_alloc(&sh->arena, &slot); /* reserved: cannot fail */
-        e = dynemb_index_insert(&sh->rows, key, h,
-                                DYNEMB_LOC(DYNEMB_TIER_HOST, slot), la);
+        if (host_room) {
+          host_room--;
+          dynemb_arena_alloc(&sh->arena, &slot); /* reserved: cannot fail */
+          e = dynemb_index_insert(&sh->rows, key, h,
+                                  DYNEMB_LOC(DYNEMB_TIER_HOST, slot), la);
+        } else { /* counted against the SSD tier's size above */
+          (void)dynemb_ssd_alloc(&t->ssd, &slot);
+          e = dynemb_index_insert(&sh->rows, key, h,
+                                  DYNEMB_LOC(DYNEMB_TIER_SSD, slot), la);
+        }
       } else {
         e->last_access = la;
       }
       if (la > max_la) max_la = la;
-      float *row = row_of(sh, e->loc);
       const float *from = snap->values + src * srf;
-      memcpy(row, from, (size_t)t->dim * sizeof(float));
-      if (t->slots) {
-        if (emb_only)
+      if (!on_host(e->loc)) {
+        rc = import_ssd_row(t, DYNEMB_LOC_SLOT(e->loc), from, emb_only,
+                            &ssd_buf);
+      } else {
+        memcpy(row_of(sh, e->loc), from, (size_t)t->dim * sizeof(float));
+        if (t->slots && emb_only)
           dynemb_optim_init_slots(&t->cfg.optimizer, slots_of(sh, e->loc),
                                   t->dim);
-        else
+        else if (t->slots)
           memcpy(slots_of(sh, e->loc), from + t->dim,
                  (rf - (size_t)t->dim) * sizeof(float));
       }
@@ -1783,7 +2059,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
       }
     }
     for (uint32_t s = 0; s < t->nshards; s++) rows_after += t->shards[s].rows.count;
-    STORE(&t->rows_total, rows_after);
+    STORE(&t->rows_total, rows_after - dynemb_ssd_used(&t->ssd));
     if (!(flags & DYNEMB_IMPORT_KEEP_STEPS)) STORE(&t->apply_steps, snap->apply_steps);
     clock_advance(t, max_la);
   }
@@ -1791,6 +2067,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
   free(rsel);
   free(csel);
   free(need);
+  free(ssd_buf);
   return rc;
 }
 

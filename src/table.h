@@ -21,6 +21,7 @@
 #include "arena.h"
 #include "dynemb.h"
 #include "index.h"
+#include "ssd.h"
 
 typedef struct dynemb_shard {
   pthread_rwlock_t lock;
@@ -31,6 +32,7 @@ typedef struct dynemb_shard {
    * their slots: eviction that removed rows, clear, import. A row hint
    * (dynemb_prepare_hints) is valid while it carries the current value. */
   uint32_t gen;
+  uint64_t hand; /* SSD tier: where the next search for a cold row starts */
 } __attribute__((aligned(64))) dynemb_shard;
 
 struct dynemb_table {
@@ -46,13 +48,14 @@ struct dynemb_table {
   dynemb_shard *shards;
   dynemb_slab_pool pool;      /* embedding chunk memory of every shard */
   dynemb_slab_pool slot_pool; /* optimizer slot chunk memory (if slots) */
+  dynemb_ssd ssd;             /* the SSD tier (off unless configured) */
 
   /* Run-time settings and counters: relaxed __atomic accesses. */
   uint32_t access_threshold;
   int64_t eviction_threshold;
   uint64_t apply_steps;
   uint32_t clock; /* latest `now` of train lookups / imported rows */
-  uint64_t rows_total; /* rows, maintained only when host budget != 0 */
+  uint64_t rows_total; /* rows in host memory, kept only when host budget != 0 */
   uint64_t n_lookups, n_hits, n_inserted, n_rejected, n_evicted,
       n_evicted_cands, n_applied, n_dropped, n_nonfinite;
 

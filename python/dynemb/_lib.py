@@ -46,7 +46,8 @@ LOOKUP_TRAIN, LOOKUP_EVAL = 0, 1
 IMPORT_REPLACE, IMPORT_EMBEDDING_ONLY, IMPORT_KEEP_STEPS = 1, 2, 4
 STATS_FIELDS = ("size", "capacity", "candidates", "bytes", "lookups", "hits",
                 "inserted", "rejected", "evicted", "evicted_candidates",
-                "applied", "dropped_gradients", "nonfinite_skipped", "apply_steps")
+                "applied", "dropped_gradients", "nonfinite_skipped", "apply_steps",
+                "host_rows", "ssd_rows", "ssd_bytes", "ssd_reads", "ssd_writes")
 
 
 class Initializer(ctypes.Structure):

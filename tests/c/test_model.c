@@ -1,10 +1,13 @@
 /*
  * test_model.c -- model-based test of the table: long random sequences of
- * train/eval lookups (half of the train ones prepared with row hints and read
+ * train/eval lookups (half of them prepared with row hints and read
  * through them), SGD applies (some through the hints of an earlier prepared
  * batch, however stale by then), evictions, threshold changes, snapshots,
  * imports and clears, each checked against a small reference model written
  * here (plain arrays indexed by key id), including every stats counter.
+ * The same walk runs on tables with an SSD tier under a host budget of a
+ * few rows, so rows keep moving between memory and SSD: the results must
+ * not change (the model knows no tiers).
  *
  * The reference uses dynemb_init_row only for initial values (tested on its
  * own in test_init.c); everything else (admission counting, stamping, the
@@ -178,6 +181,8 @@ static int cmp_id(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static uint64_t host_budget; /* of the table under test; 0 = no SSD tier */
+
 static int compare(dynemb_table *t, const model *m, const counters *c) {
   int bad = 0;
   dynemb_snapshot s;
@@ -233,15 +238,30 @@ static int compare(dynemb_table *t, const model *m, const counters *c) {
     bad++;
   }
   if (st.capacity < st.size) bad++;
+  if (st.host_rows + st.ssd_rows != st.size) bad++;
+  /* single-threaded, room is always made (from another shard if need be) */
+  if (host_budget && st.host_rows > host_budget) {
+    fprintf(stderr, "host rows %llu over budget %llu\n",
+            (unsigned long long)st.host_rows, (unsigned long long)host_budget);
+    bad++;
+  }
+  if (!host_budget && st.ssd_rows + st.ssd_reads + st.ssd_writes) bad++;
   return bad;
 }
 
 /* ---- the random walk ---------------------------------------------------- */
 
-static void run_model(int shards, uint32_t thr0, int steps) {
+static void run_model(int shards, uint32_t thr0, int steps, uint64_t host) {
   dynemb_table_config cfg;
   dynemb_table_config_init(&cfg);
   cfg.name = "model";
+  host_budget = host;
+  if (host) {
+    const char *tmp = getenv("TMPDIR");
+    cfg.host_vocabulary_size = host;
+    cfg.ssd_vocabulary_size = K;
+    cfg.ssd_data_path = tmp && tmp[0] ? tmp : "/tmp";
+  }
   cfg.dim = DIM;
   cfg.init = INIT;
   cfg.default_value = DEFV;
@@ -304,8 +324,18 @@ static void run_model(int shards, uint32_t thr0, int steps) {
         fprintf(stderr, "step %d: train lookup differs (rc %d)\n", step, rc);
         bad++;
       }
-    } else if (op < 55) { /* eval lookup */
-      int rc = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, out);
+    } else if (op < 55) { /* eval lookup, or eval prepare + hinted read */
+      int rc;
+      uint64_t eh[MAXB];
+      const int via_hints = (int)rn(2);
+      if (!via_hints) {
+        rc = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, out);
+      } else {
+        rc = dynemb_prepare_hints(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, eh);
+        if (!rc) rc = dynemb_lookup_hinted(t, keys, eh, (size_t)n, out);
+        c.lookups += (uint64_t)n;
+        for (int i = 0; i < n; i++) c.hits += eh[i] != DYNEMB_NO_HINT;
+      }
       m_lookup(&m, &c, ids, n, 0, now, thr, want);
       if (rc || memcmp(out, want, sizeof(float) * (size_t)(n * DIM)) != 0) {
         fprintf(stderr, "step %d: eval lookup differs (rc %d)\n", step, rc);
@@ -376,15 +406,23 @@ static void run_model(int shards, uint32_t thr0, int steps) {
   CHECK(c.inserted > 100 && c.applied > 100); /* the walk did real work */
   if (thr0 > 1) CHECK(c.rejected > 10);
   CHECK(c.evicted > 10);
+  if (host) { /* rows did move both ways, many times */
+    dynemb_table_stats st;
+    dynemb_table_get_stats(t, &st);
+    CHECK(st.ssd_reads > 200 && st.ssd_writes > 200);
+  }
   if (have_snap) dynemb_snapshot_free(&snap);
   dynemb_table_release(t);
   dynemb_registry_clear();
 }
 
-static void test_model_one_shard(void) { run_model(1, 0, 4000); }
-static void test_model_4_shards_admission(void) { run_model(4, 2, 4000); }
-static void test_model_256_shards_admission3(void) { run_model(256, 3, 4000); }
-static void test_model_64_shards(void) { run_model(64, 1, 4000); }
+static void test_model_one_shard(void) { run_model(1, 0, 4000, 0); }
+static void test_model_4_shards_admission(void) { run_model(4, 2, 4000, 0); }
+static void test_model_256_shards_admission3(void) { run_model(256, 3, 4000, 0); }
+static void test_model_64_shards(void) { run_model(64, 1, 4000, 0); }
+static void test_model_ssd_one_shard(void) { run_model(1, 0, 4000, 12); }
+static void test_model_ssd_4_shards_admission(void) { run_model(4, 2, 4000, 16); }
+static void test_model_ssd_64_shards(void) { run_model(64, 1, 4000, 24); }
 
 int main(void) {
   make_universe();
@@ -393,5 +431,8 @@ int main(void) {
   RUN(test_model_4_shards_admission);
   RUN(test_model_256_shards_admission3);
   RUN(test_model_64_shards);
+  RUN(test_model_ssd_one_shard);
+  RUN(test_model_ssd_4_shards_admission);
+  RUN(test_model_ssd_64_shards);
   return check_summary();
 }

@@ -187,7 +187,13 @@ static void test_config_errors(void) {
   BASE();
   c.ssd_vocabulary_size = 1000;
   c.ssd_data_path = "/tmp";
-  CHECK(create_err(&c, "cfgt", "not implemented") == DYNEMB_EINVAL);
+  CHECK(create_err(&c, "cfgt", "host_vocabulary_size > 0") == DYNEMB_EINVAL);
+  c.host_vocabulary_size = 10;
+  c.ssd_vocabulary_size = UINT64_C(1) << 30;
+  CHECK(create_err(&c, "cfgt", "limit") == DYNEMB_EINVAL);
+  c.ssd_vocabulary_size = 1000;
+  c.ssd_data_path = "/nonexistent/dynemb-ssd";
+  CHECK(create_err(&c, "cfgt", "/nonexistent/dynemb-ssd") == DYNEMB_EIO);
   BASE();
   c.name = "bad\nname";
   CHECK(create_err(&c, "control", NULL) == DYNEMB_EINVAL);

@@ -9,7 +9,8 @@
  * >= 1000 (never old enough to be evicted). Afterwards no live key is lost,
  * every live row equals minus the number of times it was updated (each
  * apply adds gradient 1 with learning rate 1 to a zero row), and the stats
- * counters add up to what the threads did.
+ * counters add up to what the threads did. The same runs again on a table
+ * whose host memory holds 2,000 rows over an SSD tier.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -153,7 +154,10 @@ static void *snapshotter(void *arg) {
 
 static worker workers[THREADS];
 
-static void test_stress(void) {
+static void run_stress(uint64_t host) {
+  memset(workers, 0, sizeof workers);
+  stop_flag = 0;
+  import_lookups = import_hits = 0;
   dynemb_table_config c;
   dynemb_table_config_init(&c);
   c.name = "stress";
@@ -161,6 +165,12 @@ static void test_stress(void) {
   c.shards = 16;
   c.eviction_threshold = 500;
   c.optimizer.learning_rate = 1.0f;
+  if (host) { /* rows keep moving between memory and the SSD tier */
+    const char *tmp = getenv("TMPDIR");
+    c.host_vocabulary_size = host;
+    c.ssd_vocabulary_size = LIVE + STALE + IMPORTED;
+    c.ssd_data_path = tmp && tmp[0] ? tmp : "/tmp";
+  }
   CHECK_OK(dynemb_table_create(&c, &T));
   if (!T) return;
   int64_t *stale = malloc(STALE * sizeof *stale);
@@ -248,6 +258,8 @@ static void test_stress(void) {
   CHECK(st.applied == applied && st.dropped_gradients == 0);
   CHECK(st.apply_steps == (uint64_t)THREADS * ROUNDS);
   CHECK(st.size <= st.capacity);
+  CHECK(st.host_rows + st.ssd_rows == st.size);
+  if (host) CHECK(st.ssd_reads > 1000 && st.ssd_writes > 1000);
   free(lk);
   free(lv);
   free(stale);
@@ -256,7 +268,11 @@ static void test_stress(void) {
   dynemb_registry_clear();
 }
 
+static void test_stress(void) { run_stress(0); }
+static void test_stress_ssd(void) { run_stress(2000); }
+
 int main(void) {
   RUN(test_stress);
+  RUN(test_stress_ssd);
   return check_summary();
 }

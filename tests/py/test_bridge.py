@@ -178,8 +178,8 @@ def test_serving_default_value_for_unknown_ids():
 
 
 def test_tier_parameters_are_accepted_and_validated(tmp_path):
-    # mxRec's three-tier form: accepted; the SSD path is checked, rows stay in
-    # host memory and the table grows past the device and host budgets.
+    # mxRec's three-tier form: device + host rows stay in memory (there is no
+    # device tier yet), the rest go to a file in the SSD path.
     ssd = tmp_path / "ssd"
     t = _table("tiers", dim=2, device_vocabulary_size=4, host_vocabulary_size=8,
                ssd_vocabulary_size=100, ssd_data_path=[str(ssd)])
@@ -188,6 +188,8 @@ def test_tier_parameters_are_accepted_and_validated(tmp_path):
     with tf.compat.v1.Session() as s:
         s.run(out)
     assert t.size() == 20
+    st = t.stats()
+    assert st["host_rows"] == 12 and st["ssd_rows"] == 8 and st["ssd_bytes"] >= 8 * 2 * 4
     with pytest.raises(ValueError, match="needs ssd_data_path"):
         _table("tiers2", dim=2, ssd_vocabulary_size=10)
     blocker = tmp_path / "file"

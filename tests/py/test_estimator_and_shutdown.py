@@ -11,6 +11,7 @@ import tensorflow as tf
 import dynemb
 from dynemb.optimizers import adagrad
 from estimator_models import cmp_model_fn
+from table_export import export_sorted as _export_sorted
 
 
 def _input_fn():
@@ -97,13 +98,6 @@ def _drift_data(steps=12, batch=8):
 def _drift_input_fn():
     ids, y = _drift_data()
     return tf.compat.v1.data.Dataset.from_tensor_slices(({"ids": ids}, y)).batch(8)
-
-
-def _export_sorted(name):
-    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
-        out = s.run(list(dynemb._lib.ops.dynemb_export(table_name=name)))
-    o = np.argsort(out[1])
-    return out[1][o], out[2][o]
 
 
 def _sessrun_reference(modify, cfg=None, evict_hook=None):

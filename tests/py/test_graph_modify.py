@@ -19,6 +19,7 @@ from dynemb.graph.pipeline import extend_iterator
 from dynemb.graph.trace import TraceError, replay, trace_to_iterator
 from dynemb.optimizers import adagrad, ftrl, gradient_descent
 from estimator_models import cmp_model_fn
+from table_export import export_sorted as _export
 
 needs_prepare = pytest.mark.skipif(
     not hasattr(_lib.ops, "dynemb_prepare"),
@@ -32,14 +33,6 @@ def fs_lookup(table, spec, batch, **kw):
         return dynemb.sparse_lookup(table, spec, batch=batch, **kw)
     except NotImplementedError:
         return dynemb.sparse_lookup(table, lookup_ids(spec, batch, table), batch=batch, **kw)
-
-
-def _export(name):
-    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
-        out = s.run(list(_lib.ops.dynemb_export(table_name=name)))
-    keys, values = out[1], out[2]
-    order = np.argsort(keys)
-    return keys[order], values[order]
 
 
 # --------------------------------------------------------------------------

@@ -263,16 +263,17 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     if opt is not None:
         opt._engine_optimizer(c.optimizer)
     c.nonfinite_policy = 0 if nonfinite_policy == "error" else 1
-    # Tiers: every row lives in host memory in this version (the engine's
-    # device tier comes later). A device-only table without dynamic
-    # expansion is fixed at device_vocabulary_size rows, as in mxRec; with
-    # a host (or SSD) tier, or dynamic expansion, the table grows on demand.
+    # Tiers: there is no device tier in this version, so rows mxRec would keep
+    # in device memory live in host memory too. A device-only table without
+    # dynamic expansion is fixed at device_vocabulary_size rows, as in mxRec;
+    # with a host tier, or dynamic expansion, it grows on demand.
     if not (initialize.get_use_dynamic_expansion() or host_vocabulary_size or ssd_vocabulary_size):
         c.host_vocabulary_size = device_vocabulary_size
+    ssd_path_b = None
     if ssd_vocabulary_size:
-        # The engine has no SSD tier yet: the parameters are checked (so a
-        # script that will use the tier fails now, not later) and the rows
-        # stay in host memory, which grows on demand like host+SSD would.
+        # device + host rows stay in memory, a cache above the SSD tier; the
+        # engine moves the least recently used ones to a file in ssd_data_path
+        # (one directory per table: a list spreads tables over disks).
         paths = [ssd_data_path] if isinstance(ssd_data_path, str) else list(ssd_data_path or ())
         if not paths:
             raise ValueError("create_table('%s'): ssd_vocabulary_size > 0 needs "
@@ -286,9 +287,14 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
             if not os.access(path, os.W_OK | os.X_OK):
                 raise ValueError("create_table('%s'): ssd_data_path '%s' is not writable; pass "
                                  "a writable directory" % (name, path))
-        c.host_vocabulary_size = 0
-        logger.warning("create_table('%s'): the SSD tier is not implemented in this version; "
-                       "its rows stay in host memory, which grows on demand", name)
+        memory_rows = device_vocabulary_size + host_vocabulary_size
+        if memory_rows == 0:
+            raise ValueError("create_table('%s'): an SSD tier needs rows in memory above it; "
+                             "set host_vocabulary_size (or device_vocabulary_size) > 0" % name)
+        ssd_path_b = str(paths[zlib.crc32(name_b) % len(paths)]).encode()
+        c.host_vocabulary_size = memory_rows
+        c.ssd_vocabulary_size = ssd_vocabulary_size
+        c.ssd_data_path = ssd_path_b
     del cfg_init
 
     h = _lib.find_table(name)

@@ -1,0 +1,78 @@
+/*
+ * ssd.h -- the SSD tier of one table: a file of fixed-size row records.
+ *
+ * Rows have a fixed size, so the tier is a slot file (record i at offset
+ * i * rec_bytes), a free list of record numbers and the key index that
+ * already exists in memory (an index entry's location names the tier and
+ * the record, index.h). A general key-value store would add its own index,
+ * compaction and write amplification for nothing here.
+ *
+ * A record is the row's embedding followed by its optimizer slots (the
+ * joined layout of snapshots). The file is anonymous: created with
+ * O_TMPFILE (or made and unlinked at once where the file system lacks it),
+ * so it never outlives the process and needs no cleanup; checkpoints, not
+ * this file, are what persists.
+ *
+ * Thread-safe: record allocation is under the store's mutex; reads and
+ * writes are positional (pread/pwrite) and may run concurrently on
+ * different records. Callers (table.c) never touch one record from two
+ * threads at once: a record belongs to one key, whose shard lock they hold.
+ */
+#ifndef DYNEMB_SSD_H
+#define DYNEMB_SSD_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Record numbers fit the 30-bit slot of a location (index.h). */
+#define DYNEMB_SSD_MAX_RECORDS ((UINT64_C(1) << 30) - 1)
+
+typedef struct dynemb_ssd {
+  int fd;             /* -1: the table has no SSD tier */
+  char *dir;          /* the directory, for messages */
+  const char *table;  /* the table's name, for messages (not owned) */
+  size_t emb_bytes;   /* embedding part of a record */
+  size_t slot_bytes;  /* optimizer-slot part (may be 0) */
+  uint64_t capacity;  /* records at most (ssd_vocabulary_size) */
+  pthread_mutex_t mu; /* guards the fields below */
+  uint32_t *free_list;
+  uint64_t nfree, free_cap;
+  uint64_t high; /* records ever handed out since the last reset */
+  uint64_t used; /* records holding a row now */
+  uint64_t reads, writes; /* records read / written (relaxed atomics) */
+} dynemb_ssd;
+
+/* A store that is off (fd -1); dynemb_ssd_close on it is a no-op. */
+void dynemb_ssd_init_off(dynemb_ssd *s);
+
+/* Creates the anonymous record file in `dir` for table `table` (the
+ * pointer is kept for messages). Errors: EIO (the directory is missing or
+ * not writable: the message names it and the fix), ENOMEM. */
+int dynemb_ssd_open(dynemb_ssd *s, const char *dir, const char *table,
+                    size_t emb_bytes, size_t slot_bytes, uint64_t capacity);
+void dynemb_ssd_close(dynemb_ssd *s);
+
+static inline int dynemb_ssd_on(const dynemb_ssd *s) { return s->fd >= 0; }
+
+/* A free record number. ECAPACITY (no message set) when `capacity`
+ * records are in use. */
+int dynemb_ssd_alloc(dynemb_ssd *s, uint32_t *rec);
+void dynemb_ssd_release(dynemb_ssd *s, uint32_t rec);
+
+/* Writes / reads record `rec`: the embedding from/to `emb` and, if the
+ * table has slots and `slots` is not NULL, the slots from/to `slots`.
+ * EIO with a message naming the table, the directory and errno. */
+int dynemb_ssd_write(dynemb_ssd *s, uint32_t rec, const float *emb,
+                     const float *slots);
+int dynemb_ssd_read(dynemb_ssd *s, uint32_t rec, float *emb, float *slots);
+
+/* Frees every record and truncates the file (table clear / replace). */
+void dynemb_ssd_reset(dynemb_ssd *s);
+
+/* Records in use; records ever handed out since the last reset (the
+ * file's length in records). */
+uint64_t dynemb_ssd_used(dynemb_ssd *s);
+uint64_t dynemb_ssd_high(dynemb_ssd *s);
+
+#endif

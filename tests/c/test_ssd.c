@@ -1,0 +1,318 @@
+/*
+ * test_ssd.c -- the SSD tier: the record file on its own (allocation, free
+ * list, capacity, round trips), and tables whose host memory holds a few
+ * rows checked against the same table without a tier. For every optimizer
+ * (their slots travel through the file too), train lookups, eval lookups,
+ * hinted reads and applies must give bit-identical floats, and so must a
+ * checkpoint written and loaded back. Then: both tiers full (ECAPACITY
+ * naming both sizes), eviction of rows on SSD, clear, and a disk that
+ * refuses writes (RLIMIT_FSIZE): EIO naming the directory, nothing lost.
+ */
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "dynemb.h"
+#include "optim.h"
+#include "ssd.h"
+
+static const char *tmpdir(void) {
+  const char *t = getenv("TMPDIR");
+  return t && t[0] ? t : "/tmp";
+}
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+  rs ^= rs << 13;
+  rs ^= rs >> 7;
+  rs ^= rs << 17;
+  return rs;
+}
+
+/* ---- the record file ----------------------------------------------------- */
+
+static void test_store_records(void) {
+  dynemb_ssd s;
+  CHECK_OK(dynemb_ssd_open(&s, tmpdir(), "store", 3 * sizeof(float),
+                           6 * sizeof(float), 4));
+  uint32_t r[5];
+  for (int i = 0; i < 4; i++) CHECK_OK(dynemb_ssd_alloc(&s, &r[i]));
+  CHECK(r[0] == 0 && r[3] == 3);
+  CHECK(dynemb_ssd_alloc(&s, &r[4]) == DYNEMB_ECAPACITY); /* 4 at most */
+  float e[3], sl[6], ge[3], gs[6];
+  for (int i = 0; i < 4; i++) {
+    for (int j = 0; j < 3; j++) e[j] = (float)(10 * i + j);
+    for (int j = 0; j < 6; j++) sl[j] = (float)(-100 * i - j);
+    CHECK_OK(dynemb_ssd_write(&s, r[i], e, sl));
+  }
+  CHECK_OK(dynemb_ssd_read(&s, r[2], ge, gs));
+  CHECK(ge[0] == 20 && ge[2] == 22 && gs[0] == -200 && gs[5] == -205);
+  memset(ge, 0, sizeof ge);
+  CHECK_OK(dynemb_ssd_read(&s, r[3], ge, NULL)); /* embedding only */
+  CHECK(ge[1] == 31);
+  dynemb_ssd_release(&s, r[1]);
+  CHECK(dynemb_ssd_used(&s) == 3 && dynemb_ssd_high(&s) == 4);
+  CHECK_OK(dynemb_ssd_alloc(&s, &r[4]));
+  CHECK(r[4] == 1); /* freed records are reused before the file grows */
+  CHECK(s.reads == 2 && s.writes == 4);
+  dynemb_ssd_reset(&s);
+  CHECK(dynemb_ssd_used(&s) == 0 && dynemb_ssd_high(&s) == 0);
+  /* past the end of the (truncated) file: a clear error, not zeros */
+  CHECK(dynemb_ssd_read(&s, 0, ge, gs) == DYNEMB_EIO);
+  CHECK(strstr(dynemb_last_error(), "store") != NULL);
+  dynemb_ssd_close(&s);
+  dynemb_ssd_close(&s); /* closing twice is harmless */
+}
+
+/* ---- tables with and without the tier ------------------------------------ */
+
+enum { DIM = 5, KEYS = 400, BATCH = 48 };
+
+static dynemb_table *make(const char *name, int opt, uint64_t host, int shards) {
+  dynemb_table_config c;
+  dynemb_table_config_init(&c);
+  c.name = name;
+  c.dim = DIM;
+  c.shards = shards;
+  c.init.kind = DYNEMB_INIT_NORMAL;
+  c.init.a = 0.0f;
+  c.init.b = 0.5f;
+  c.init.seed = 7;
+  c.optimizer.kind = opt;
+  c.optimizer.learning_rate = 0.05f;
+  c.eviction_threshold = 1000000;
+  if (host) {
+    c.host_vocabulary_size = host;
+    c.ssd_vocabulary_size = KEYS;
+    c.ssd_data_path = tmpdir();
+  }
+  dynemb_table *t = NULL;
+  CHECK_OK(dynemb_table_create(&c, &t));
+  return t;
+}
+
+static int same_snapshots(dynemb_table *a, dynemb_table *b) {
+  dynemb_snapshot x, y;
+  if (dynemb_table_snapshot(a, &x)) return 0;
+  if (dynemb_table_snapshot(b, &y)) {
+    dynemb_snapshot_free(&x);
+    return 0;
+  }
+  int same = x.rows == y.rows && x.row_floats == y.row_floats &&
+             memcmp(x.keys, y.keys, x.rows * sizeof *x.keys) == 0 &&
+             memcmp(x.values, y.values,
+                    x.rows * (size_t)x.row_floats * sizeof(float)) == 0 &&
+             memcmp(x.last_access, y.last_access,
+                    x.rows * sizeof *x.last_access) == 0;
+  dynemb_snapshot_free(&x);
+  dynemb_snapshot_free(&y);
+  return same;
+}
+
+/* Runs the same random steps on a plain table and on one with 24 rows of
+ * host memory over SSD; every output must be bit-identical. */
+static void run_pair(int opt, int shards) {
+  dynemb_table *a = make("plain", opt, 0, shards);
+  dynemb_table *b = make("tiered", opt, 24, shards);
+  if (!a || !b) return;
+  int64_t keys[BATCH];
+  uint64_t hints[BATCH];
+  float oa[BATCH * DIM], ob[BATCH * DIM], g[BATCH * DIM];
+  int bad = 0;
+  for (int step = 1; step <= 300 && !bad; step++) {
+    int n = 1 + (int)(rnd() % BATCH);
+    for (int i = 0; i < n; i++) /* a hot set of 40 keys, the rest rare */
+      keys[i] = (int64_t)(rnd() % 4 ? rnd() % 40 : rnd() % KEYS) * 7919 - 1000;
+    uint64_t op = rnd() % 4;
+    if (op == 0) { /* train lookup */
+      CHECK_OK(dynemb_lookup(a, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, oa));
+      CHECK_OK(dynemb_lookup(b, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, ob));
+    } else if (op == 1) { /* eval lookup: rows on SSD are read in place */
+      CHECK_OK(dynemb_lookup(a, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, step, oa));
+      CHECK_OK(dynemb_lookup(b, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, step, ob));
+    } else { /* prepare + hinted read + (hinted) apply, as a training step */
+      CHECK_OK(dynemb_prepare_hints(a, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, hints));
+      CHECK_OK(dynemb_lookup_hinted(a, keys, hints, (size_t)n, oa));
+      CHECK_OK(dynemb_prepare_hints(b, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, hints));
+      /* another prepare in between moves rows: some hints go stale */
+      int64_t other[8];
+      for (int i = 0; i < 8; i++) other[i] = (int64_t)(rnd() % KEYS) * 7919 - 1000;
+      if (op == 3) {
+        CHECK_OK(dynemb_lookup(a, other, 8, DYNEMB_LOOKUP_TRAIN, step, g));
+        CHECK_OK(dynemb_lookup(b, other, 8, DYNEMB_LOOKUP_TRAIN, step, g));
+      }
+      CHECK_OK(dynemb_lookup_hinted(b, keys, hints, (size_t)n, ob));
+      for (int i = 0; i < n * DIM; i++) g[i] = (float)((int)(rnd() % 33) - 16) / 16;
+      CHECK_OK(dynemb_apply(a, keys, (size_t)n, g, -1.0f, NULL));
+      CHECK_OK(dynemb_apply_hinted(b, keys, hints, (size_t)n, g, -1.0f, NULL));
+    }
+    if (memcmp(oa, ob, sizeof(float) * (size_t)(n * DIM)) != 0) {
+      fprintf(stderr, "%s, step %d (op %d): outputs differ\n",
+              dynemb_optim_name(opt), step, (int)op);
+      bad++;
+    }
+    if (step % 50 == 0 && !same_snapshots(a, b)) {
+      fprintf(stderr, "%s, step %d: snapshots differ\n", dynemb_optim_name(opt), step);
+      bad++;
+    }
+  }
+  CHECK(bad == 0);
+  dynemb_table_stats sa, sb;
+  dynemb_table_get_stats(a, &sa);
+  dynemb_table_get_stats(b, &sb);
+  CHECK(sa.size == sb.size && sb.size > 200);
+  CHECK(sa.ssd_rows == 0 && sa.host_rows == sa.size);
+  CHECK(sb.host_rows + sb.ssd_rows == sb.size);
+  CHECK(sb.host_rows == 24); /* room is always made, single-threaded */
+  CHECK(sb.ssd_reads > 300 && sb.ssd_writes > 300); /* rows moved a lot */
+  CHECK(sb.ssd_bytes >= sb.ssd_rows * DIM * sizeof(float));
+  CHECK(sa.applied == sb.applied && sa.hits == sb.hits);
+
+  /* a checkpoint of the tiered table loads into a plain one, and back */
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/dynemb-test-ssd-%d", tmpdir(), (int)getpid());
+  CHECK_OK(dynemb_checkpoint_save(dir, &b, 1));
+  dynemb_table *c = make("plain2", opt, 0, 4);
+  dynemb_table *d = make("tiered2", opt, 16, 1);
+  CHECK_OK(dynemb_checkpoint_load(dir, c, "tiered", 0, 0, 0));
+  CHECK_OK(dynemb_checkpoint_load(dir, d, "tiered", DYNEMB_IMPORT_REPLACE, 0, 0));
+  CHECK(same_snapshots(a, c));
+  CHECK(same_snapshots(a, d));
+  dynemb_table_stats sd;
+  dynemb_table_get_stats(d, &sd);
+  CHECK(sd.host_rows == 16 && sd.ssd_rows == sd.size - 16);
+  /* loading again (no replace) rewrites rows where they are */
+  CHECK_OK(dynemb_checkpoint_load(dir, d, "tiered", 0, 0, 0));
+  CHECK(same_snapshots(a, d));
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+  dynemb_table_release(a);
+  dynemb_table_release(b);
+  dynemb_table_release(c);
+  dynemb_table_release(d);
+  dynemb_registry_clear();
+}
+
+static void test_same_results_sgd(void) { run_pair(DYNEMB_OPT_SGD, 1); }
+static void test_same_results_adagrad(void) { run_pair(DYNEMB_OPT_ADAGRAD, 4); }
+static void test_same_results_adam(void) { run_pair(DYNEMB_OPT_ADAM, 1); }
+static void test_same_results_ftrl(void) { run_pair(DYNEMB_OPT_FTRL, 8); }
+
+/* ---- limits, eviction, clear, failing disk ------------------------------- */
+
+static void test_full_evict_clear(void) {
+  dynemb_table_config c;
+  dynemb_table_config_init(&c);
+  c.name = "small";
+  c.dim = 4;
+  c.shards = 1;
+  c.eviction_threshold = 5;
+  c.host_vocabulary_size = 10;
+  c.ssd_vocabulary_size = 20;
+  c.ssd_data_path = tmpdir();
+  dynemb_table *t = NULL;
+  CHECK_OK(dynemb_table_create(&c, &t));
+  if (!t) return;
+  int64_t k[30];
+  float out[30 * 4];
+  for (int i = 0; i < 30; i++) k[i] = i;
+  /* 30 rows fit exactly (10 in memory, 20 on SSD), one at a time */
+  for (int i = 0; i < 30; i++)
+    CHECK_OK(dynemb_lookup(t, &k[i], 1, DYNEMB_LOOKUP_TRAIN, i, out));
+  dynemb_table_stats st;
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.size == 30 && st.host_rows == 10 && st.ssd_rows == 20);
+  /* mostly the coldest rows went to SSD (keys 0..19): an eval read of the
+   * 10 newest reads few rows from SSD (the choice is among a sample) */
+  uint64_t r0 = st.ssd_reads;
+  CHECK_OK(dynemb_lookup(t, &k[20], 10, DYNEMB_LOOKUP_EVAL, 29, out));
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.ssd_reads - r0 <= 3);
+  int64_t more = 30;
+  CHECK(dynemb_lookup(t, &more, 1, DYNEMB_LOOKUP_TRAIN, 30, out) == DYNEMB_ECAPACITY);
+  CHECK(strstr(dynemb_last_error(), "small") != NULL &&
+        strstr(dynemb_last_error(), "ssd_vocabulary_size = 20") != NULL);
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.size == 30); /* nothing lost */
+  /* a row on SSD comes back (a warm one goes out): still 30 rows */
+  CHECK_OK(dynemb_lookup(t, &k[0], 1, DYNEMB_LOOKUP_TRAIN, 31, out));
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.size == 30 && st.host_rows == 10 && st.ssd_rows == 20);
+  /* eviction at now 31, threshold 5: keys 1..25 are older than 26 */
+  size_t ev = 0;
+  CHECK_OK(dynemb_evict(t, 31, &ev));
+  CHECK(ev == 25);
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.size == 5 && st.host_rows + st.ssd_rows == 5);
+  /* their records are free again: 25 new keys fit */
+  int64_t nk[25];
+  for (int i = 0; i < 25; i++) nk[i] = 100 + i;
+  CHECK_OK(dynemb_lookup(t, nk, 25, DYNEMB_LOOKUP_TRAIN, 32, out));
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.size == 30 && st.ssd_rows == 20);
+  dynemb_table_clear(t);
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.size == 0 && st.ssd_rows == 0 && st.ssd_bytes == 0);
+  CHECK_OK(dynemb_lookup(t, k, 30, DYNEMB_LOOKUP_TRAIN, 40, out));
+  dynemb_table_release(t);
+  dynemb_registry_clear();
+}
+
+static void test_disk_refuses_writes(void) {
+  dynemb_table_config c;
+  dynemb_table_config_init(&c);
+  c.name = "fullfs";
+  c.dim = 256; /* 1 KiB records */
+  c.shards = 1;
+  c.host_vocabulary_size = 8;
+  c.ssd_vocabulary_size = 1000;
+  c.ssd_data_path = tmpdir();
+  dynemb_table *t = NULL;
+  CHECK_OK(dynemb_table_create(&c, &t));
+  if (!t) return;
+  static int64_t k[64];
+  static float out[64 * 256], first[64 * 256];
+  for (int i = 0; i < 64; i++) k[i] = 1000 + i;
+  /* files may grow to 16 KiB: the 17th record written fails (EFBIG) */
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit old, lim;
+  getrlimit(RLIMIT_FSIZE, &old);
+  lim = old;
+  lim.rlim_cur = 16 * 1024;
+  CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+  int rc = DYNEMB_OK, i = 0;
+  for (; i < 64 && rc == DYNEMB_OK; i++)
+    rc = dynemb_lookup(t, &k[i], 1, DYNEMB_LOOKUP_TRAIN, i, first + i * 256);
+  setrlimit(RLIMIT_FSIZE, &old);
+  CHECK(rc == DYNEMB_EIO);
+  CHECK(strstr(dynemb_last_error(), "fullfs") != NULL &&
+        strstr(dynemb_last_error(), tmpdir()) != NULL);
+  /* nothing lost: every row made before the failure reads back */
+  const int made = i - 1;
+  CHECK(made == 8 + 16);
+  CHECK_OK(dynemb_lookup(t, k, (size_t)made, DYNEMB_LOOKUP_EVAL, 100, out));
+  CHECK(memcmp(out, first, (size_t)made * 256 * sizeof(float)) == 0);
+  dynemb_table_stats st;
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.size == (uint64_t)made);
+  /* and with the disk back, the failed key inserts */
+  CHECK_OK(dynemb_lookup(t, &k[made], 1, DYNEMB_LOOKUP_TRAIN, 101, out));
+  dynemb_table_release(t);
+  dynemb_registry_clear();
+}
+
+int main(void) {
+  RUN(test_store_records);
+  RUN(test_same_results_sgd);
+  RUN(test_same_results_adagrad);
+  RUN(test_same_results_adam);
+  RUN(test_same_results_ftrl);
+  RUN(test_full_evict_clear);
+  RUN(test_disk_refuses_writes);
+  return check_summary();
+}

@@ -1,0 +1,96 @@
+"""The SSD tier from the user API: create_table(..., host_vocabulary_size,
+ssd_vocabulary_size, ssd_data_path) keeps that many rows in memory and the
+rest in a file, and training gives exactly the numbers of the same model on
+a table that keeps every row in memory (automatic graph modification, so
+rows are brought back into memory in the input pipeline, ahead of the
+step). The reference is the memory-only table; the engine's tier moves are
+checked in tests/c/test_ssd.c and test_model.c."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dynemb
+from dynemb import _lib
+from dynemb.graph.modifier import get_initializer, modify_graph_and_start_emb_cache
+from dynemb.optimizers import adagrad, lazy_adam
+from table_export import export_sorted as _export
+
+N, BATCH, STEPS = 240, 12, 20
+
+needs_prepare = pytest.mark.skipif(
+    not hasattr(_lib.ops, "dynemb_prepare"),
+    reason="the op library has no DynembPrepare op (docs/graph-modification.md)")
+
+
+def _train(ssd_dir, make_opt):
+    """Losses, the exported table and its stats after STEPS steps; with
+    ssd_dir, the table keeps 8 rows in memory (device 4 + host 4)."""
+    tf.compat.v1.reset_default_graph()
+    dynemb.clear_tables()
+    dynemb.init(use_dynamic_expansion=ssd_dir is None)
+    rng = np.random.RandomState(3)
+    data = {"ids": rng.randint(0, 60, size=[N, 3]).astype(np.int64),
+            "label": rng.randint(0, 2, size=[N]).astype(np.float32)}
+    b = tf.compat.v1.data.make_one_shot_iterator(
+        tf.data.Dataset.from_tensor_slices(data).batch(BATCH)).get_next()
+    opt = make_opt()
+    tiers = ({} if ssd_dir is None else
+             {"device_vocabulary_size": 4, "host_vocabulary_size": 4,
+              "ssd_vocabulary_size": 1000, "ssd_data_path": [str(ssd_dir)]})
+    t = dynemb.create_table(tf.int64, 4, "users",
+                            tf.compat.v1.random_uniform_initializer(-0.5, 0.5, seed=1),
+                            optimizer_list=[opt], **tiers)
+    emb = dynemb.sparse_lookup(t, b["ids"] * 7919, modify_graph=True)
+    logits = tf.reduce_sum(emb, axis=[1, 2])
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=b["label"],
+                                                                  logits=logits))
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    train = opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse))
+    modify_graph_and_start_emb_cache(prefetch=3)
+    with tf.compat.v1.Session() as s:
+        s.run(get_initializer(True))
+        losses = [s.run([loss, train])[0] for _ in range(STEPS)]
+    return np.array(losses), _export("users"), t.stats()
+
+
+@needs_prepare
+@pytest.mark.parametrize("make_opt", [
+    lambda: adagrad.create_hash_optimizer(learning_rate=0.2),
+    lambda: lazy_adam.create_hash_optimizer(learning_rate=0.05)], ids=["adagrad", "adam"])
+def test_training_over_the_ssd_tier_matches_memory_only(tmp_path, make_opt):
+    ref_losses, (ref_keys, ref_values), ref_stats = _train(None, make_opt)
+    losses, (keys, values), stats = _train(tmp_path / "ssd", make_opt)
+    np.testing.assert_array_equal(losses, ref_losses)
+    np.testing.assert_array_equal(keys, ref_keys)
+    np.testing.assert_array_equal(values, ref_values)
+    assert stats["size"] == ref_stats["size"] == len(ref_keys) > 50
+    assert stats["host_rows"] == 8 and stats["ssd_rows"] == stats["size"] - 8
+    assert stats["ssd_reads"] > 100 and stats["ssd_writes"] > 100
+    assert ref_stats["ssd_rows"] == ref_stats["ssd_reads"] == 0
+    assert (tmp_path / "ssd").is_dir()
+
+
+def test_ssd_tier_errors(tmp_path):
+    with pytest.raises(ValueError, match="rows in memory"):
+        dynemb.create_table(tf.int64, 2, "t1", tf.compat.v1.zeros_initializer(),
+                            device_vocabulary_size=0, host_vocabulary_size=0,
+                            ssd_vocabulary_size=10, ssd_data_path=str(tmp_path))
+    # the engine's check of the size (and its message) reaches the user
+    with pytest.raises(Exception, match="ssd_vocabulary_size.*limit"):
+        dynemb.create_table(tf.int64, 2, "t2", tf.compat.v1.zeros_initializer(),
+                            host_vocabulary_size=4, ssd_vocabulary_size=2**31,
+                            ssd_data_path=str(tmp_path))
+
+
+def test_full_tiers_name_both_sizes(tmp_path):
+    t = dynemb.create_table(tf.int64, 2, "small", tf.compat.v1.zeros_initializer(),
+                            device_vocabulary_size=2, host_vocabulary_size=2,
+                            ssd_vocabulary_size=6, ssd_data_path=str(tmp_path))
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    out = dynemb.sparse_lookup(t, ids)
+    with tf.compat.v1.Session() as s:
+        s.run(out, {ids: np.arange(10)})  # 4 in memory + 6 on SSD: full
+        with pytest.raises(tf.errors.OpError, match="ssd_vocabulary_size = 6"):
+            s.run(out, {ids: [10]})
+    st = t.stats()
+    assert st["size"] == 10 and st["host_rows"] == 4 and st["ssd_rows"] == 6
