@@ -24,6 +24,13 @@
  *   adam limit  (Adam only) TF's Adam applied in place at the same positions
  *           to the flat array plus a flat slot array (m, v): the memory
  *           bound of an Adam update, which moves ~6x the bytes of a gather
+ *   ssd read limit  (--ssd-dir only) positional reads of one embedding at
+ *           the same positions from a file of R records of the tier's
+ *           record size in the same directory: what the file system gives
+ *           to reads like the SSD tier's in-place reads
+ *
+ * With --host-rows H --ssd-dir DIR every table has an SSD tier (H rows in
+ * memory, the rest in DIR), so the phases measure the tier's moves too.
  *
  * Keys are drawn from uniform or Zipf(S) ranks; rank -> row position goes
  * through a random permutation and position -> key through a bijective
@@ -78,6 +85,8 @@ typedef struct bench_opts {
   size_t stall_batch;
   int hugepages;  /* advise huge pages for the flat gather array */
   int skip_stall; /* no stall pass (quicker profiling runs) */
+  uint64_t host_rows;    /* --host-rows: memory budget of an SSD tier */
+  const char *ssd_dir;   /* --ssd-dir: the tier's directory, or NULL */
 } bench_opts;
 
 static void bench_usage(FILE *f) {
@@ -89,6 +98,7 @@ static void bench_usage(FILE *f) {
       "                    [--seed N] [--min-time SECONDS] [--stall-batch N]\n"
       "                    [--no-hugepages] [--skip-stall]\n"
       "                    [--init uniform|normal|truncated_normal]\n"
+      "                    [--host-rows H --ssd-dir DIR]\n"
       "\n"
       "  --rows R          rows in the table (1 .. 4294967295)\n"
       "  --dim D           embedding width (1 .. 65536)\n"
@@ -106,7 +116,10 @@ static void bench_usage(FILE *f) {
       "  --stall-batch N   keys per call while measuring max_stall_ms "
       "(default 1024)\n"
       "  --no-hugepages    do not advise huge pages for the gather array\n"
-      "  --skip-stall      skip the stall pass (max_stall_ms is then null)\n");
+      "  --skip-stall      skip the stall pass (max_stall_ms is then null)\n"
+      "  --host-rows H     with --ssd-dir: tables keep H rows in memory and\n"
+      "  --ssd-dir DIR     the rest in an SSD tier file in DIR; adds the\n"
+      "                    ssd read limit phase\n");
 }
 
 static int bench_bad(const char *fmt, const char *arg) {
@@ -250,6 +263,14 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       }
       strcpy(o->dist, v);
       have_dist = 1;
+    } else if (!strcmp(a, "--host-rows")) {
+      if (parse_u64(v, 1, UINT64_MAX, &u))
+        return bench_bad("--host-rows must be an integer >= 1, not '%s'", v);
+      o->host_rows = u;
+    } else if (!strcmp(a, "--ssd-dir")) {
+      if (!v[0])
+        return bench_bad("--ssd-dir needs a directory%s", "");
+      o->ssd_dir = v;
     } else if (!strcmp(a, "--init")) {
       if (pick(v, DYNEMB_INIT_UNIFORM, DYNEMB_INIT_TRUNCATED_NORMAL, init_name,
                &o->init_kind))
@@ -276,6 +297,12 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
     return bench_bad("%s", "--dist is required");
   if (!have_threads)
     return bench_bad("%s", "--threads is required");
+  if (!o->host_rows != !o->ssd_dir)
+    return bench_bad("%s", "--host-rows and --ssd-dir go together (an SSD "
+                           "tier needs both)");
+  if (o->ssd_dir && o->host_rows >= o->rows)
+    return bench_bad("%s", "--host-rows must be below --rows, or no row "
+                           "would reach the SSD tier");
   return 0;
 }
 
@@ -463,6 +490,8 @@ typedef struct bench {
   _Atomic uint64_t inserted_done;
   /* Adam limit: the table's learning rate and Adam settings */
   dynemb_optimizer adam_opt; /* the table's Adam settings */
+  int limit_fd;       /* ssd read limit: its file (-1: none) */
+  size_t record_bytes; /* ...and the tier's record size */
 } bench;
 
 typedef enum phase_kind {
@@ -476,7 +505,8 @@ typedef enum phase_kind {
   PH_LOOKUP_HINTED,
   PH_APPLY,
   PH_APPLY_HINTED,
-  PH_ADAM_LIMIT
+  PH_ADAM_LIMIT,
+  PH_SSD_LIMIT
 } phase_kind;
 
 typedef struct worker {
@@ -581,6 +611,19 @@ static void adam_limit_batch(const bench *b, uint64_t step, const uint32_t *pos,
   }
 }
 
+/* The ssd read limit: one embedding per position, read from the limit
+ * file at the tier's record stride. */
+static int ssd_limit_batch(const bench *b, const uint32_t *pos, size_t n,
+                           float *out) {
+  const size_t eb = sizeof(float) * (size_t)b->o.dim;
+  for (size_t i = 0; i < n; i++) {
+    off_t off = (off_t)pos[i] * (off_t)b->record_bytes;
+    if (pread(b->limit_fd, out + i * (size_t)b->o.dim, eb, off) != (ssize_t)eb)
+      return DYNEMB_EIO;
+  }
+  return DYNEMB_OK;
+}
+
 /* One batch of the timed phases; returns an engine status. */
 static int run_batch(worker *w, size_t bi, uint64_t *unique) {
   bench *b = w->b;
@@ -613,6 +656,8 @@ static int run_batch(worker *w, size_t bi, uint64_t *unique) {
   case PH_ADAM_LIMIT:
     adam_limit_batch(b, ++w->adam_steps, pos, B, w->grads);
     return DYNEMB_OK;
+  case PH_SSD_LIMIT:
+    return ssd_limit_batch(b, pos, B, w->out);
   default:
     return DYNEMB_EINVAL;
   }
@@ -787,7 +832,7 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
   r.cpu_share = wall > 0 ? cpu / wall : 0;
   const char *unit =
       (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH ||
-       ph == PH_ADAM_LIMIT || ph == PH_TOUCH)
+       ph == PH_ADAM_LIMIT || ph == PH_TOUCH || ph == PH_SSD_LIMIT)
           ? "rows"
           : "keys";
   progress("%s: %.3g %s/s (%" PRIu64 " %s in %.2f s, longest call %.2f ms, "
@@ -814,6 +859,11 @@ static void table_config(const bench *b, const char *name,
   cfg->optimizer.kind = b->o.opt_kind;
   cfg->optimizer.learning_rate = BENCH_LR;
   cfg->nonfinite_policy = DYNEMB_NONFINITE_ERROR;
+  if (b->o.ssd_dir) {
+    cfg->host_vocabulary_size = b->o.host_rows;
+    cfg->ssd_vocabulary_size = b->o.rows;
+    cfg->ssd_data_path = b->o.ssd_dir;
+  }
 }
 
 static dynemb_table *make_table(const bench *b, const char *name) {
@@ -871,6 +921,43 @@ static void alloc_slots(bench *b) {
   dynemb_table_config cfg;
   table_config(b, "adam_limit", &cfg);
   b->adam_opt = cfg.optimizer;
+}
+
+/* The ssd read limit's file: R records of the tier's size, written with
+ * data (not sparse) in --ssd-dir and unlinked at once. */
+static void make_limit_file(bench *b) {
+  const bench_opts *o = &b->o;
+  b->record_bytes = (size_t)o->dim * (1 + (size_t)opt_slots(o->opt_kind)) *
+                    sizeof(float);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/dynemb-bench-XXXXXX", o->ssd_dir);
+  int fd = mkstemp(path);
+  if (fd < 0) {
+    fprintf(stderr, "dynemb bench: cannot create a file in --ssd-dir '%s': %s\n",
+            o->ssd_dir, strerror(errno));
+    exit(1);
+  }
+  unlink(path);
+  const size_t chunk = (size_t)1 << 20;
+  char *buf = xmalloc(chunk, "ssd limit buffer");
+  rng r = {o->seed ^ 0x55dULL};
+  for (size_t i = 0; i < chunk; i++)
+    buf[i] = (char)rng_u64(&r);
+  uint64_t total = o->rows * (uint64_t)b->record_bytes;
+  for (uint64_t done = 0; done < total;) {
+    size_t n = total - done < chunk ? (size_t)(total - done) : chunk;
+    if (pwrite(fd, buf, n, (off_t)done) != (ssize_t)n) {
+      fprintf(stderr, "dynemb bench: writing the ssd limit file in '%s' "
+              "failed: %s\n", o->ssd_dir, strerror(errno));
+      exit(1);
+    }
+    done += n;
+  }
+  free(buf);
+#ifdef POSIX_FADV_RANDOM
+  (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* as the tier's file */
+#endif
+  b->limit_fd = fd;
 }
 
 static void make_pools(bench *b, worker *ws) {
@@ -938,7 +1025,7 @@ static double loadavg_1m(void) {
 
 typedef struct results {
   phase_result touch, stall, insert, gplain, gpref, lookup, lookup_eval,
-      hinted, apply, apply_hinted, adam_limit;
+      hinted, apply, apply_hinted, adam_limit, ssd_limit;
   int have_adam_limit; /* adam only */
   double gather_limit;
   double lookup_vs_gather, apply_vs_gather, apply_vs_adam_limit, overhead;
@@ -1050,6 +1137,22 @@ static void print_json(const bench *b, const results *r) {
          o->skip_stall                ? "null"
          : r->stall.max_call_ms <= 10 ? "true"
                                       : "false");
+  if (o->ssd_dir) {
+    double lim = r->ssd_limit.per_s;
+    printf("  \"ssd_tier\": {\"host_rows\": %" PRIu64 ", \"record_bytes\": "
+           "%zu, \"ssd_read_limit_rows_per_s\": %.0f, "
+           "\"lookup_vs_ssd_read_limit\": %.3f, "
+           "\"lookup_eval_vs_ssd_read_limit\": %.3f, "
+           "\"rows_in_memory_end\": %" PRIu64 ", \"rows_on_ssd_end\": %" PRIu64
+           ", \"ssd_reads\": %" PRIu64 ", \"ssd_writes\": %" PRIu64
+           ", \"ssd_bytes\": %" PRIu64 "},\n",
+           o->host_rows, b->record_bytes, lim,
+           lim > 0 ? r->lookup.per_s / lim : 0.0,
+           lim > 0 ? r->lookup_eval.per_s / lim : 0.0, s->host_rows,
+           s->ssd_rows, s->ssd_reads, s->ssd_writes, s->ssd_bytes);
+  } else {
+    printf("  \"ssd_tier\": null,\n");
+  }
   printf("  \"stats\": {\"size\": %" PRIu64 ", \"capacity\": %" PRIu64
          ", \"candidates\": %" PRIu64 ", \"bytes\": %" PRIu64
          ", \"lookups\": %" PRIu64 ", \"hits\": %" PRIu64
@@ -1112,6 +1215,11 @@ static void print_human(const bench *b, const results *r) {
   }
   printf("  %-28s %16zu\n", "  stall batch (keys/call)", o->stall_batch);
   printf("  %-28s %16.3f\n", "max insert call (ms)", r->insert.max_call_ms);
+  if (o->ssd_dir) {
+    printf("  %-28s %16.0f\n", "ssd read limit (rows/s)", r->ssd_limit.per_s);
+    printf("  %-28s %16" PRIu64 " / %" PRIu64 "\n", "rows in memory / on ssd",
+           r->st.host_rows, r->st.ssd_rows);
+  }
   printf("  %-28s %16" PRIu64 "\n", "table bytes", r->st.bytes);
   printf("  %-28s %16" PRIu64 "\n", "table rows", r->st.size);
   printf("  %-28s %9.2f -> %.2f\n", "load average (1 min)", r->load_start,
@@ -1125,6 +1233,7 @@ static void print_human(const bench *b, const results *r) {
 int dynemb_cmd_bench(int argc, char **argv) {
   bench b;
   memset(&b, 0, sizeof b);
+  b.limit_fd = -1;
   int prc = parse_opts(argc, argv, &b.o);
   if (prc == 1)
     return 0; /* --help */
@@ -1242,7 +1351,9 @@ int dynemb_cmd_bench(int argc, char **argv) {
             r.st.size, R);
     return 1;
   }
-  r.overhead = ((double)r.st.bytes - (double)R * row_floats * 4.0) / (double)R;
+  /* (with an SSD tier, only the rows in memory count as row bytes) */
+  r.overhead = ((double)r.st.bytes -
+                (double)r.st.host_rows * row_floats * 4.0) / (double)R;
 
   /* 3. Gather limit on a flat array of the same rows and dim. */
   progress("gather: filling a flat %" PRIu64 " x %d float array (%.2f GB)", R,
@@ -1287,6 +1398,16 @@ int dynemb_cmd_bench(int argc, char **argv) {
         r.adam_limit.per_s > 0 ? r.apply.per_s / r.adam_limit.per_s : 0;
   }
 
+  /* 7. The SSD tier's read limit (its file is made after the engine's
+   * phases, so that it does not take their page cache). */
+  if (o->ssd_dir) {
+    progress("ssd read limit: writing %" PRIu64 " records of %zu bytes in '%s'",
+             R, (size_t)o->dim * (1 + (size_t)opt_slots(o->opt_kind)) * 4,
+             o->ssd_dir);
+    make_limit_file(&b);
+    r.ssd_limit = run_phase(&b, ws, PH_SSD_LIMIT, NULL, 0, "ssd read limit");
+  }
+
   /* The limit once more, after the engine phases, so that a drift of the
    * machine's speed during the run shows and the better figure is used. */
   phase_result g2 = run_phase(&b, ws, PH_GATHER_PREFETCH, NULL, 0,
@@ -1319,6 +1440,8 @@ int dynemb_cmd_bench(int argc, char **argv) {
     munmap(b.flat, b.flat_bytes);
   if (b.slots)
     munmap(b.slots, b.slots_bytes);
+  if (b.limit_fd >= 0)
+    close(b.limit_fd);
   free(b.perm);
   free(b.all_keys);
   return 0;

@@ -58,11 +58,34 @@ def test_bench_json_is_complete_and_consistent():
         stall / touch, rel=1e-3 + 1e-3 / touch + 1e-3 / stall, abs=1e-3)
 
 
+def test_bench_with_an_ssd_tier(tmp_path):
+    r = _run("bench", "--rows", "20000", "--dim", "8", "--batch", "512", "--dist",
+             "uniform", "--threads", "2", "--json", "--min-time", "0.02", "--skip-stall",
+             "--host-rows", "5000", "--ssd-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    t = j["ssd_tier"]
+    assert t["host_rows"] == 5000 and t["record_bytes"] == 8 * 3 * 4
+    assert t["rows_in_memory_end"] + t["rows_on_ssd_end"] == j["stats"]["size"] == 20000
+    assert t["rows_on_ssd_end"] >= 15000 - 2  # (two threads may overshoot briefly)
+    assert t["ssd_reads"] > 0 and t["ssd_writes"] >= 15000
+    assert t["ssd_read_limit_rows_per_s"] > 0
+    assert t["lookup_vs_ssd_read_limit"] == pytest.approx(
+        j["lookup_keys_per_s"] / t["ssd_read_limit_rows_per_s"], abs=2e-3)
+    assert os.listdir(tmp_path) == []  # both files are anonymous
+    plain = _run("bench", "--rows", "2000", "--dim", "4", "--batch", "64", "--dist",
+                 "uniform", "--threads", "1", "--json", "--min-time", "0.01",
+                 "--skip-stall")
+    assert json.loads(plain.stdout)["ssd_tier"] is None
+
+
 @pytest.mark.parametrize("args, names", [
     (["--dist", "pareto"], "--dist"),
     (["--rows", "0"], "--rows"),
     (["--threads", "0"], "--threads"),
     (["--init", "gaussian"], "--init"),
+    (["--host-rows", "10"], "--ssd-dir"),
+    (["--host-rows", "5000", "--ssd-dir", "/tmp"], "--host-rows"),
 ])
 def test_bench_refuses_bad_arguments_by_name(args, names):
     base = {"--rows": "1000", "--dim": "4", "--batch": "64", "--dist": "uniform",
