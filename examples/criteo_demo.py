@@ -50,7 +50,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--access-threshold", type=int, default=2,
                    help="occurrences before an id gets a trainable row (0/1: at once)")
     p.add_argument("--seed", type=int, default=1)
-    return p.parse_args(argv)
+    p.add_argument("--ssd-dir", default=None,
+                   help="put each table's rows beyond --memory-rows in an SSD tier file here")
+    p.add_argument("--memory-rows", type=int, default=1000,
+                   help="rows each table keeps in memory with --ssd-dir (default 1000)")
+    args = p.parse_args(argv)
+    if args.ssd_dir is not None and args.memory_rows < 1:
+        p.error("--memory-rows must be >= 1 with --ssd-dir")
+    return args
 
 
 def progress(epoch: int, epochs: int, step: int, steps: int, loss: float, rate: float) -> None:
@@ -85,7 +92,8 @@ def main(argv=None) -> int:
     eval_x, eval_y = eval_it.get_next()
 
     sparse_opt = criteo_model.sparse_optimizer()
-    tables, wide = criteo_model.create_tables(args.dim, args.seed, sparse_opt)
+    tables, wide = criteo_model.create_tables(args.dim, args.seed, sparse_opt,
+                                              args.ssd_dir, args.memory_rows)
     access_cfg = {"access_threshold": args.access_threshold, "eviction_threshold": 0}
 
     _, loss = build_model(train_x, train_y, tables, wide, True, access_cfg, args.seed)
@@ -135,6 +143,12 @@ def main(argv=None) -> int:
     stats = wide.stats()
     print(f"wide table: {stats['rejected']:,} sightings read the default value before "
           f"admission, {stats['candidates']:,} ids still waiting for admission")
+    if args.ssd_dir is not None:
+        all_stats = [t.stats() for t in list(tables.values()) + [wide]]
+        print(f"SSD tier ({args.ssd_dir}): {sum(s['host_rows'] for s in all_stats):,} rows in "
+              f"memory, {sum(s['ssd_rows'] for s in all_stats):,} on SSD; "
+              f"{sum(s['ssd_reads'] for s in all_stats):,} rows read from and "
+              f"{sum(s['ssd_writes'] for s in all_stats):,} written to the files")
     return 0
 
 

@@ -27,15 +27,21 @@ def sparse_optimizer() -> Any:
     return adagrad.create_hash_optimizer(learning_rate=0.05, initial_accumulator_value=0.1)
 
 
-def create_tables(dim: int, seed: int, sparse_opt: Any) -> Tuple[Tables, Any]:
+def create_tables(dim: int, seed: int, sparse_opt: Any, ssd_dir: Optional[str] = None,
+                  memory_rows: int = 0) -> Tuple[Tables, Any]:
     """The 26 deep tables (width `dim`) and the wide table (width 1), in the
-    default graph. Calling it again in another graph (Estimator) reuses them."""
+    default graph. Calling it again in another graph (Estimator) reuses them.
+    With `ssd_dir`, each table keeps `memory_rows` rows in memory and the rest
+    in an SSD tier file there (docs/ssd-tier.md)."""
+    tiers = ({} if ssd_dir is None else
+             {"device_vocabulary_size": 0, "host_vocabulary_size": memory_rows,
+              "ssd_vocabulary_size": 1 << 24, "ssd_data_path": ssd_dir})
     tables = {name: dynemb.create_table(
         tf.int64, dim, name,
         tf.compat.v1.truncated_normal_initializer(stddev=0.05, seed=seed * 100 + i),
-        optimizer_list=[sparse_opt]) for i, name in enumerate(criteo_data.CAT_NAMES)}
+        optimizer_list=[sparse_opt], **tiers) for i, name in enumerate(criteo_data.CAT_NAMES)}
     wide = dynemb.create_table(tf.int64, 1, "wide", tf.compat.v1.zeros_initializer(),
-                               optimizer_list=[sparse_opt])
+                               optimizer_list=[sparse_opt], **tiers)
     return tables, wide
 
 

@@ -12,10 +12,10 @@ from dynemb.optimizers import lazy_adam
 DIM = 3
 
 
-def _build(access_threshold=0):
+def _build(access_threshold=0, tiers=None):
     opt = lazy_adam.create_hash_optimizer(learning_rate=0.05)
     t = dynemb.create_table(tf.int64, DIM, "ckpt_t", tf.compat.v1.random_normal_initializer(
-        stddev=0.2, seed=11), optimizer_list=[opt])
+        stddev=0.2, seed=11), optimizer_list=[opt], **(tiers or {}))
     ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
     y = tf.compat.v1.placeholder(tf.float32, [None])
     cfg = {"access_threshold": access_threshold} if access_threshold else None
@@ -36,10 +36,16 @@ def _data(n, seed):
             for _ in range(n)]
 
 
-def test_save_restore_continue_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("ssd", [False, True], ids=["memory", "ssd_tier"])
+def test_save_restore_continue_equals_uninterrupted(tmp_path, ssd):
+    # with an SSD tier, 8 rows stay in memory: most rows are saved from the
+    # tier's file and restored into it
+    tiers = ({"device_vocabulary_size": 4, "host_vocabulary_size": 4,
+              "ssd_vocabulary_size": 10000, "ssd_data_path": str(tmp_path / "ssd")}
+             if ssd else None)
     data = _data(20, 1)
     with tf.Graph().as_default():
-        t, ids, y, loss, train = _build(access_threshold=2)
+        t, ids, y, loss, train = _build(access_threshold=2, tiers=tiers)
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session() as s:
             s.run(tf.compat.v1.global_variables_initializer())
@@ -50,13 +56,17 @@ def test_save_restore_continue_equals_uninterrupted(tmp_path):
             straight = [s.run([train, loss], {ids: a, y: b})[1] for a, b in data[10:]]
             rows_straight = s.run(t.export_op())
     assert stats_at_save["candidates"] > 0  # admission state is part of the checkpoint
+    if ssd:
+        assert stats_at_save["ssd_rows"] == stats_at_save["size"] - 8 > 20
     dynemb.clear_tables()
     with tf.Graph().as_default():
-        t, ids, y, loss, train = _build(access_threshold=2)
+        t, ids, y, loss, train = _build(access_threshold=2, tiers=tiers)
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session() as s:
             saver.restore(s, path)
             st = t.stats()
+            if ssd:
+                assert st["host_rows"] == 8 and st["ssd_rows"] == st["size"] - 8
             assert (st["size"], st["candidates"], st["apply_steps"]) == (
                 stats_at_save["size"], stats_at_save["candidates"], stats_at_save["apply_steps"])
             resumed = [s.run([train, loss], {ids: a, y: b})[1] for a, b in data[10:]]
