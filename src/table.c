@@ -1227,7 +1227,8 @@ static int nonfinite_error(const dynemb_table *t, const int64_t *keys,
                           "table '%s': the %u gradients of key %lld sum to a "
                           "non-finite value (overflow); nothing was applied. "
                           "Clip or scale the gradients",
-                          t->name, q->count, (long long)q->key);
+                          t->name, q ? q->count : 0u,
+                          (long long)(q ? q->key : 0));
 }
 
 /* `allowed` NULL: no filter; else only its keys are updated. `hints` NULL:
@@ -1353,18 +1354,36 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
         add_floats(acc, x, dim);
     }
   }
-  /* Finiteness, once per key: a NaN or Inf in any occurrence makes the
-   * key's sum non-finite, so checking the sums finds every one. */
+  /* Finiteness. A key's gradient is non-finite when one of its
+   * occurrences is (NaN and Inf survive a sum) or when a sum overflows, so
+   * checking every key's summed gradient finds them all. Where most keys
+   * occur once, one streaming pass over the caller's gradients in batch
+   * order does the single keys' part instead of reading their rows again,
+   * scattered (4M x 64 Adam, 2 threads, 6 alternating runs: uniform applies
+   * +9%, hinted +11% at the median). Where most occurrences are repeats
+   * (Zipf keys) the streaming pass reads rows the sums already read, and
+   * cost 4..13%: there the singles are checked one by one as before. */
+  const size_t singles = n_uniq - multi_rows;
+  const int streamed = 2 * singles > n;
+  if (streamed && any_nonfinite(grads, n * dim)) {
+    if (!skip) { /* ERROR: name the first bad gradient in batch order */
+      rc = nonfinite_error(t, keys, grads, n, NULL);
+      goto done;
+    }
+    for (size_t j = 0; j < n; j++) /* SKIP: every key with a bad one */
+      if (any_nonfinite(grads + (size_t)g.pos[j] * dim, dim))
+        u[uo[j]].skip = 1;
+  }
   for (size_t k = 0; k < n_uniq; k++) {
-    if (k + ROW_PF < n_uniq) { /* the rows are scattered in the batch */
+    if (!streamed && k + ROW_PF < n_uniq) { /* rows scattered in the batch */
       const uniq *p = &u[k + ROW_PF];
       prefetch_lines(p->count > 1 ? sum + (size_t)p->acc * dim : p->grad,
                      dim * sizeof(float));
     }
     uniq *q = &u[k];
     if (q->count > 1) q->grad = sum + (size_t)q->acc * dim;
-    if (any_nonfinite(q->grad, dim)) {
-      if (!skip) { /* ERROR: name the first bad gradient in batch order */
+    if (!q->skip && (q->count > 1 || !streamed) && any_nonfinite(q->grad, dim)) {
+      if (!skip) { /* the first bad gradient in batch order, or the sum */
         rc = nonfinite_error(t, keys, grads, n, q);
         goto done;
       }

@@ -500,7 +500,68 @@ static void test_apply_nonfinite(void) {
   CHECK(out[0] == 0.5f && out[2] == 0.5f && out[4] == 0.0f && out[5] == 0.0f);
   dynemb_table_get_stats(t, &st);
   CHECK(st.nonfinite_skipped == 2 && st.applied == 1 && st.apply_steps == 1);
+  /* finite gradients whose sum overflows: key 6 is skipped (SKIP)... */
+  int64_t k3[3] = {6, 7, 6};
+  float g3[6] = {3e38f, 0, 1, 1, 3e38f, 0};
+  CHECK_OK(dynemb_apply(t, k3, 3, g3, -1, &as));
+  CHECK(as.skipped_nonfinite == 1 && as.applied == 1);
+  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK(out[2] == 0.5f && out[3] == 0.5f); /* key 6 unchanged */
   done(t);
+  /* ...and named as an overflow (ERROR) */
+  t = make("nf3", 2, tweak_sgd);
+  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_RC(dynemb_apply(t, k3, 3, g3, -1, NULL), DYNEMB_ENONFINITE);
+  CHECK(strstr(dynemb_last_error(), "key 6") &&
+        strstr(dynemb_last_error(), "overflow"));
+  done(t);
+}
+
+/* The engine checks finiteness in one of two ways depending on how many keys
+ * of the batch repeat; both must skip (or reject) exactly the same keys. */
+static void nonfinite_batch(int repeat_heavy, int policy_skip) {
+  /* unique-heavy: 10 keys, key 1 twice; repeat-heavy: 5 keys, each twice */
+  int64_t k[10];
+  int n = 10;
+  for (int i = 0; i < n; i++) k[i] = repeat_heavy ? 1 + i / 2 : (i == 9 ? 1 : 1 + i);
+  float g[20];
+  for (int i = 0; i < 20; i++) g[i] = 1;
+  /* a NaN in key 2's (first) row, an Inf in key 3's (second or only) row, and
+   * two finite rows of key 1 that overflow when summed */
+  const int p2 = repeat_heavy ? 2 : 1, p3 = repeat_heavy ? 5 : 2;
+  g[2 * p2 + 1] = NAN;
+  g[2 * p3] = INFINITY;
+  g[0] = 3e38f;
+  g[2 * 9] = 3e38f; /* position 9 is key 1 (unique-heavy) or key 5 */
+  if (repeat_heavy) g[2 * 1] = 3e38f, g[2 * 9] = 1;
+  dynemb_table *t = make("nfb", 2, policy_skip ? tweak_skip : tweak_sgd);
+  float out[20];
+  CHECK_OK(dynemb_lookup(t, k, (size_t)n, DYNEMB_LOOKUP_TRAIN, 1, out));
+  dynemb_apply_stats as;
+  int rc = dynemb_apply(t, k, (size_t)n, g, -1, &as);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", dynemb_last_error());
+  const int nkeys = repeat_heavy ? 5 : 9;
+  int64_t all[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  CHECK_OK(dynemb_lookup(t, all, (size_t)nkeys, DYNEMB_LOOKUP_EVAL, 0, out));
+  if (policy_skip) {
+    CHECK_OK(rc);
+    CHECK(as.skipped_nonfinite == 3 && as.applied == (size_t)nkeys - 3);
+    for (int i = 0; i < 3; i++) /* keys 1, 2, 3: unchanged */
+      CHECK(out[2 * i] == 0.5f && out[2 * i + 1] == 0.5f);
+    for (int i = 3; i < nkeys; i++) CHECK(out[2 * i] != 0.5f);
+  } else {
+    CHECK(rc == DYNEMB_ENONFINITE);
+    /* the first non-finite element in batch order: key 2's NaN */
+    CHECK(strstr(msg, "key 2 (batch position") != NULL);
+    for (int i = 0; i < 2 * nkeys; i++) CHECK(out[i] == 0.5f); /* nothing */
+  }
+  done(t);
+}
+
+static void test_apply_nonfinite_both_checks(void) {
+  for (int heavy = 0; heavy < 2; heavy++)
+    for (int sk = 0; sk < 2; sk++) nonfinite_batch(heavy, sk);
 }
 
 /* ---- adversarial keys -------------------------------------------------------- */
@@ -774,6 +835,7 @@ int main(void) {
   RUN(test_eviction_reuse);
   RUN(test_apply_sgd);
   RUN(test_apply_nonfinite);
+  RUN(test_apply_nonfinite_both_checks);
   RUN(test_extreme_keys);
   RUN(test_colliding_keys);
   RUN(test_snapshot_import);
