@@ -1231,9 +1231,6 @@ static int nonfinite_error(const dynemb_table *t, const int64_t *keys,
                           (long long)(q ? q->key : 0));
 }
 
-/* `allowed` NULL: no filter; else only its keys are updated. `hints` NULL:
- * rows are found by key; else (dynemb_apply_hinted) only keys with a hint
- * are updated, at the hinted row while the hint is current. */
 /* The optimizer step on a row of the SSD tier: read, update, write back
  * (record `rec`; `*buf` is a row-sized scratch made on first use). */
 static int ssd_apply_row(dynemb_table *t, const dynemb_optim_step *ostep,
@@ -1250,6 +1247,9 @@ static int ssd_apply_row(dynemb_table *t, const dynemb_optim_step *ostep,
   return dynemb_ssd_write(&t->ssd, rec, row, t->slots ? slots : NULL);
 }
 
+/* `allowed` NULL: no filter; else only its keys are updated. `hints` NULL:
+ * rows are found by key; else (dynemb_apply_hinted) only keys with a hint
+ * are updated, at the hinted row while the hint is current. */
 static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
                       const float *grads, float learning_rate,
                       const key_set *allowed, const uint64_t *hints,
@@ -1440,7 +1440,7 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
         q->hash = e->loc;
       }
     }
-    for (uint32_t k = a; k < b && !rc; k++) {
+    for (uint32_t k = a; k < b; k++) {
       if (k + ROW_PF < b && !u[k + ROW_PF].skip &&
           on_host((uint32_t)u[k + ROW_PF].hash)) {
         /* the row, and the gradient (scattered in the caller's array) */

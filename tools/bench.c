@@ -491,7 +491,7 @@ typedef struct bench {
   /* Adam limit: the table's learning rate and Adam settings */
   dynemb_optimizer adam_opt; /* the table's Adam settings */
   int limit_fd;       /* ssd read limit: its file (-1: none) */
-  size_t record_bytes; /* ...and the tier's record size */
+  size_t record_bytes; /* ...and the tier's record size (row_floats x 4) */
 } bench;
 
 typedef enum phase_kind {
@@ -927,8 +927,6 @@ static void alloc_slots(bench *b) {
  * data (not sparse) in --ssd-dir and unlinked at once. */
 static void make_limit_file(bench *b) {
   const bench_opts *o = &b->o;
-  b->record_bytes = (size_t)o->dim * (1 + (size_t)opt_slots(o->opt_kind)) *
-                    sizeof(float);
   char path[4096];
   snprintf(path, sizeof path, "%s/dynemb-bench-XXXXXX", o->ssd_dir);
   int fd = mkstemp(path);
@@ -1401,9 +1399,9 @@ int dynemb_cmd_bench(int argc, char **argv) {
   /* 7. The SSD tier's read limit (its file is made after the engine's
    * phases, so that it does not take their page cache). */
   if (o->ssd_dir) {
+    b.record_bytes = (size_t)row_floats * sizeof(float);
     progress("ssd read limit: writing %" PRIu64 " records of %zu bytes in '%s'",
-             R, (size_t)o->dim * (1 + (size_t)opt_slots(o->opt_kind)) * 4,
-             o->ssd_dir);
+             R, b.record_bytes, o->ssd_dir);
     make_limit_file(&b);
     r.ssd_limit = run_phase(&b, ws, PH_SSD_LIMIT, NULL, 0, "ssd read limit");
   }
