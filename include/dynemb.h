@@ -404,6 +404,9 @@ typedef struct dynemb_table_stats {
                              memory, eval reads, updates in place, saves */
   uint64_t ssd_writes;    /* rows written to it: moves out of memory,
                              updates in place, imports */
+  uint64_t ssd_lookups;   /* looked-up keys whose row was on the SSD tier
+                             (of `hits`): memory's hit rate as a cache
+                             above the tier is 1 - ssd_lookups / hits */
 } dynemb_table_stats;
 
 DYNEMB_API void dynemb_table_get_stats(dynemb_table *t,

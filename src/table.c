@@ -646,6 +646,7 @@ static int insert_row(dynemb_table *t, dynemb_shard *sh, int64_t key,
 
 typedef struct lookup_counts {
   uint64_t hits, inserted, rejected;
+  uint64_t on_ssd; /* hits whose row was on the SSD tier */
 } lookup_counts;
 
 /* Handles the misses of one shard under its write lock: re-probe (another
@@ -787,6 +788,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
        * such rows by key) */
       if (hints) hints[i] = e ? make_hint(sh, shard, e->loc) : DYNEMB_NO_HINT;
       if (e && !on_host(e->loc)) {
+        lc->on_ssd++;
         if (train) { /* brought into memory under the write lock */
           miss[nmiss++] = (uint32_t)i;
         } else { /* read in place: eval never changes the table */
@@ -892,7 +894,7 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
                             "table '%s': %s of %zu keys got a NULL %s "
                             "buffer; pass valid keys and output buffers",
                             t->name, fn, n, keys ? "output" : "keys");
-  lookup_counts lc = {0, 0, 0};
+  lookup_counts lc = {0, 0, 0, 0};
   const size_t part = (size_t)1 << 31;
   for (size_t off = 0; off < n && !rc; off += part) {
     size_t m = n - off < part ? n - off : part;
@@ -907,6 +909,7 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
   if (lc.hits) ADD(&t->n_hits, lc.hits);
   if (lc.inserted) ADD(&t->n_inserted, lc.inserted);
   if (lc.rejected) ADD(&t->n_rejected, lc.rejected);
+  if (lc.on_ssd) ADD(&t->n_ssd_lookups, lc.on_ssd);
   return rc;
 }
 
@@ -1052,10 +1055,11 @@ int dynemb_lookup_hinted(dynemb_table *t, const int64_t *keys,
                             "table '%s': hinted lookup of %zu keys is too "
                             "large; look up fewer than 2^32-1 keys per call",
                             t->name, n);
-  lookup_counts lc = {0, 0, 0};
+  lookup_counts lc = {0, 0, 0, 0};
   int rc = lookup_hinted_part(t, keys, hints, n, out, &lc);
   ADD(&t->n_lookups, (uint64_t)n);
   if (lc.hits) ADD(&t->n_hits, lc.hits);
+  if (lc.on_ssd) ADD(&t->n_ssd_lookups, lc.on_ssd);
   return rc;
 }
 
@@ -1604,6 +1608,7 @@ void dynemb_table_get_stats(dynemb_table *t, dynemb_table_stats *st) {
     st->capacity += high;
     st->ssd_reads = __atomic_load_n(&t->ssd.reads, RELAXED);
     st->ssd_writes = __atomic_load_n(&t->ssd.writes, RELAXED);
+    st->ssd_lookups = LOAD(&t->n_ssd_lookups);
   }
   st->host_rows = st->size > st->ssd_rows ? st->size - st->ssd_rows : 0;
   st->lookups = LOAD(&t->n_lookups);

@@ -57,7 +57,7 @@ struct dynemb_table {
   uint32_t clock; /* latest `now` of train lookups / imported rows */
   uint64_t rows_total; /* rows in host memory, kept only when host budget != 0 */
   uint64_t n_lookups, n_hits, n_inserted, n_rejected, n_evicted,
-      n_evicted_cands, n_applied, n_dropped, n_nonfinite;
+      n_evicted_cands, n_applied, n_dropped, n_nonfinite, n_ssd_lookups;
 
   /* Registry bookkeeping (registry.c). */
   int refs;       /* atomic */

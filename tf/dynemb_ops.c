@@ -33,7 +33,7 @@
  *                 values [rows, row_floats], last_access, cand_keys,
  *                 cand_counts, cand_last_access, apply_steps (scalar)
  *   DynembImport  the same eight tensors -> size int64 scalar (rows after)
- *   DynembStats   -> int64 [19] (dynemb_table_stats, in field order)
+ *   DynembStats   -> int64 [20] (dynemb_table_stats, in field order)
  *
  * Facts about TF 2.15.1's C API verified while writing this file:
  *  - tf.load_op_library calls no init symbol: registration runs from an
@@ -714,15 +714,16 @@ static void stats_compute(void *p, TF_OpKernelContext *ctx) {
   memset(&s, 0, sizeof s);
   dynemb_table_get_stats(t, &s);
   dynemb_table_release(t);
-  const int64_t v[19] = {
+  const int64_t v[20] = {
       (int64_t)s.size,     (int64_t)s.capacity,  (int64_t)s.candidates,
       (int64_t)s.bytes,    (int64_t)s.lookups,   (int64_t)s.hits,
       (int64_t)s.inserted, (int64_t)s.rejected,  (int64_t)s.evicted,
       (int64_t)s.evicted_candidates, (int64_t)s.applied,
       (int64_t)s.dropped_gradients, (int64_t)s.nonfinite_skipped,
       (int64_t)s.apply_steps, (int64_t)s.host_rows, (int64_t)s.ssd_rows,
-      (int64_t)s.ssd_bytes, (int64_t)s.ssd_reads, (int64_t)s.ssd_writes};
-  out_i64(ctx, 0, v, 19);
+      (int64_t)s.ssd_bytes, (int64_t)s.ssd_reads, (int64_t)s.ssd_writes,
+      (int64_t)s.ssd_lookups};
+  out_i64(ctx, 0, v, 20);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -1143,11 +1143,14 @@ static void print_json(const bench *b, const results *r) {
            "\"lookup_eval_vs_ssd_read_limit\": %.3f, "
            "\"rows_in_memory_end\": %" PRIu64 ", \"rows_on_ssd_end\": %" PRIu64
            ", \"ssd_reads\": %" PRIu64 ", \"ssd_writes\": %" PRIu64
-           ", \"ssd_bytes\": %" PRIu64 "},\n",
+           ", \"ssd_bytes\": %" PRIu64 ", \"ssd_lookups\": %" PRIu64
+           ", \"memory_hit_rate\": %.4f},\n",
            o->host_rows, b->record_bytes, lim,
            lim > 0 ? r->lookup.per_s / lim : 0.0,
            lim > 0 ? r->lookup_eval.per_s / lim : 0.0, s->host_rows,
-           s->ssd_rows, s->ssd_reads, s->ssd_writes, s->ssd_bytes);
+           s->ssd_rows, s->ssd_reads, s->ssd_writes, s->ssd_bytes,
+           s->ssd_lookups,
+           s->hits ? 1.0 - (double)s->ssd_lookups / (double)s->hits : 0.0);
   } else {
     printf("  \"ssd_tier\": null,\n");
   }

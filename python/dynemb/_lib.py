@@ -47,7 +47,8 @@ IMPORT_REPLACE, IMPORT_EMBEDDING_ONLY, IMPORT_KEEP_STEPS = 1, 2, 4
 STATS_FIELDS = ("size", "capacity", "candidates", "bytes", "lookups", "hits",
                 "inserted", "rejected", "evicted", "evicted_candidates",
                 "applied", "dropped_gradients", "nonfinite_skipped", "apply_steps",
-                "host_rows", "ssd_rows", "ssd_bytes", "ssd_reads", "ssd_writes")
+                "host_rows", "ssd_rows", "ssd_bytes", "ssd_reads", "ssd_writes",
+                "ssd_lookups")
 
 
 class Initializer(ctypes.Structure):

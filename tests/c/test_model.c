@@ -245,7 +245,9 @@ static int compare(dynemb_table *t, const model *m, const counters *c) {
             (unsigned long long)st.host_rows, (unsigned long long)host_budget);
     bad++;
   }
-  if (!host_budget && st.ssd_rows + st.ssd_reads + st.ssd_writes) bad++;
+  if (!host_budget && st.ssd_rows + st.ssd_reads + st.ssd_writes + st.ssd_lookups)
+    bad++;
+  if (st.ssd_lookups > st.hits) bad++;
   return bad;
 }
 
