@@ -17,6 +17,7 @@
  * concurrent save from deleting files a reader is about to open.
  */
 #include "ckpt.h"
+#include "table.h"
 
 #include <errno.h>
 #include <dirent.h>
@@ -200,14 +201,19 @@ static int write_atomic(int dfd, const char *tmp, const char *final,
 typedef struct table_ctx {
   const char *name;
   const dynemb_snapshot *snap;
+  const dynemb_ckpt_rows *rows; /* NULL: the values are in snap */
   uint64_t bytes;
   uint32_t crc;
 } table_ctx;
 
 static int write_table_fn(int fd, const char *what, void *ctx) {
   table_ctx *c = ctx;
-  return dynemb_ckpt_table_write(fd, what, c->name, c->snap, &c->bytes,
-                                 &c->crc);
+  return dynemb_ckpt_table_write(fd, what, c->name, c->snap, c->rows,
+                                 &c->bytes, &c->crc);
+}
+
+static int reader_rows_fn(void *ctx, size_t first, size_t n, float *out) {
+  return dynemb_table_reader_rows(ctx, first, n, out);
 }
 
 typedef struct text_ctx {
@@ -319,11 +325,22 @@ static int save_impl(const char *dir, const char *const *names,
              names[i]);
     dynemb_snapshot own = {0};
     table_ctx c = {.name = names[i], .snap = tables ? &own : snaps[i]};
-    if (tables) {
+    /* A table with an SSD tier may be larger than memory: its rows are
+     * streamed from the tiers into the file, under its read locks, rather
+     * than copied into a snapshot first. */
+    dynemb_table_reader *rd = NULL;
+    dynemb_ckpt_rows src;
+    if (tables && dynemb_table_has_ssd(tables[i])) {
+      rc = dynemb_table_snapshot_open(tables[i], &own, &rd);
+      src.fn = reader_rows_fn;
+      src.ctx = rd;
+      c.rows = &src;
+    } else if (tables) {
       rc = dynemb_table_snapshot(tables[i], &own);
-      if (rc) break;
     }
+    if (rc) break;
     rc = write_atomic(dfd, tmp, file, fwhat, write_table_fn, &c);
+    dynemb_table_snapshot_close(rd);
     if (tables) dynemb_snapshot_free(&own);
     if (rc) break;
     written[i] = strdup(file);
@@ -574,6 +591,136 @@ int dynemb_checkpoint_read(const char *dir, const char *name,
   return rc;
 }
 
+/* pread of exactly n bytes at `off`: 0, an errno value, or -1 (the file
+ * ended first). */
+static int pread_all(int fd, void *buf, size_t n, uint64_t off) {
+  unsigned char *p = buf;
+  while (n) {
+    ssize_t r = pread(fd, p, n, (off_t)off);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return errno;
+    if (r == 0) return -1;
+    p += r;
+    n -= (size_t)r;
+    off += (uint64_t)r;
+  }
+  return 0;
+}
+
+/* Reads n little-endian elements of `eb` bytes (8: int64, 4: uint32 or
+ * float bits) at `off` into `out`, through a block-sized buffer. */
+static int read_elems(int fd, uint64_t off, size_t n, size_t eb, void *out,
+                      unsigned char *blk, const char *what) {
+  size_t per = DYNEMB_CKPT_BLOCK / eb;
+  for (size_t done = 0; done < n;) {
+    size_t k = n - done < per ? n - done : per;
+    int e = pread_all(fd, blk, k * eb, off + done * eb);
+    if (e)
+      return dynemb_error_set(DYNEMB_EIO, "%s: read failed: %s", what,
+                              e < 0 ? "unexpected end of file" : strerror(e));
+    for (size_t i = 0; i < k; i++) {
+      if (eb == 8)
+        ((uint64_t *)out)[done + i] = dynemb_le_get64(blk + 8 * i);
+      else
+        ((uint32_t *)out)[done + i] = dynemb_le_get32(blk + 4 * i);
+    }
+    done += k;
+  }
+  return DYNEMB_OK;
+}
+
+/* Rows per import step of a streamed load: about 64 MiB of values. */
+#define LOAD_CHUNK_BYTES ((size_t)64 << 20)
+size_t dynemb_ckpt_load_chunk_rows = 0;
+
+/* dynemb_checkpoint_load into a table with an SSD tier, which may be
+ * larger than memory: the file is verified first (one block of memory),
+ * then keys, last-access times and candidates are read whole (12 and 16
+ * bytes per row and candidate) and the values imported in steps of about
+ * 64 MiB, each a dynemb_table_import of those rows (the first one also
+ * takes the candidates, the flags and the step count). The checks of the
+ * first step (dims, optimizer, sizes) fail before anything changes; a
+ * later failure (disk, memory) leaves the rows imported so far. */
+static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
+                         dynemb_table *t, unsigned flags, uint32_t shard_index,
+                         uint32_t shard_count) {
+  dynemb_ckpt_header h;
+  int rc = dir_read_table(d, e, 0, &h, NULL, NULL); /* verify everything */
+  if (rc) return rc;
+  char what[WHAT_MAX];
+  what_fmt(what, "%s: file '%s' of table '%s'", d->what, e->file, e->name);
+  int fd = openat(d->dfd, e->file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot open: %s", what,
+                          strerror(errno));
+    dynemb_ckpt_header_free(&h);
+    return rc;
+  }
+  const size_t rows = (size_t)h.rows, cands = (size_t)h.candidates;
+  const size_t rf = (size_t)h.row_floats;
+  /* section data offsets (docs/checkpoint-format.md): each section is a
+   * 16-byte head, the data and a 4-byte CRC */
+  const uint64_t keys_off = (uint64_t)h.header_bytes + 16;
+  const uint64_t vals_off = keys_off + 8 * (uint64_t)rows + 4 + 16;
+  const uint64_t last_off = vals_off + 4 * (uint64_t)rows * rf + 4 + 16;
+  const uint64_t ck_off = last_off + 4 * (uint64_t)rows + 4 + 16;
+  const uint64_t cc_off = ck_off + 8 * (uint64_t)cands + 4 + 16;
+  const uint64_t cl_off = cc_off + 4 * (uint64_t)cands + 4 + 16;
+  size_t chunk = dynemb_ckpt_load_chunk_rows
+                     ? dynemb_ckpt_load_chunk_rows
+                     : LOAD_CHUNK_BYTES / (rf * sizeof(float));
+  if (chunk == 0) chunk = 1;
+  dynemb_snapshot s = {0};
+  s.dim = h.dim;
+  s.row_floats = h.row_floats;
+  s.optimizer_kind = h.optimizer_kind;
+  s.apply_steps = h.apply_steps;
+  int64_t *keys = malloc(rows * sizeof *keys + 1);
+  uint32_t *last = malloc(rows * sizeof *last + 1);
+  float *vals = malloc((rows < chunk ? rows : chunk) * rf * sizeof *vals + 1);
+  s.cand_keys = malloc(cands * sizeof *s.cand_keys + 1);
+  s.cand_counts = malloc(cands * sizeof *s.cand_counts + 1);
+  s.cand_last_access = malloc(cands * sizeof *s.cand_last_access + 1);
+  unsigned char *blk = malloc(DYNEMB_CKPT_BLOCK);
+  if (!keys || !last || !vals || !s.cand_keys || !s.cand_counts ||
+      !s.cand_last_access || !blk)
+    rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory for the keys of "
+                          "%zu rows", what, rows);
+  if (!rc) rc = read_elems(fd, keys_off, rows, 8, keys, blk, what);
+  if (!rc) rc = read_elems(fd, last_off, rows, 4, last, blk, what);
+  if (!rc) rc = read_elems(fd, ck_off, cands, 8, s.cand_keys, blk, what);
+  if (!rc) rc = read_elems(fd, cc_off, cands, 4, s.cand_counts, blk, what);
+  if (!rc) rc = read_elems(fd, cl_off, cands, 4, s.cand_last_access, blk, what);
+  s.candidates = cands;
+  for (size_t first = 0; !rc && (first < rows || first == 0); first += chunk) {
+    size_t n = rows - first < chunk ? rows - first : chunk;
+    rc = read_elems(fd, vals_off + 4 * (uint64_t)first * rf, n * rf, 4, vals,
+                    blk, what);
+    if (rc) break;
+    s.rows = n;
+    s.keys = keys + first;
+    s.values = vals;
+    s.last_access = last + first;
+    rc = dynemb_table_import(t, &s, flags, shard_index, shard_count);
+    /* later steps add rows to the first one's contents and steps */
+    flags = (flags & ~(unsigned)DYNEMB_IMPORT_REPLACE) | DYNEMB_IMPORT_KEEP_STEPS;
+    s.candidates = 0;
+    if (n == 0) break;
+  }
+  s.candidates = cands;
+  s.keys = NULL;
+  s.values = NULL;
+  s.last_access = NULL;
+  dynemb_snapshot_free(&s);
+  free(keys);
+  free(last);
+  free(vals);
+  free(blk);
+  close(fd);
+  dynemb_ckpt_header_free(&h);
+  return rc;
+}
+
 int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
                            const char *name_in_ckpt, unsigned flags,
                            uint32_t shard_index, uint32_t shard_count) {
@@ -587,6 +734,35 @@ int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
                             "checkpoint load into table '%s': shard_index %"
                             PRIu32 " must be below shard_count %" PRIu32,
                             tname, shard_index, shard_count);
+  if (dynemb_table_has_ssd(t)) { /* may be larger than memory */
+    ckpt_dir d;
+    int rc = dir_open(dir, &d);
+    if (rc) return rc;
+    const dynemb_manifest_entry *e = dir_find(&d, name);
+    dynemb_ckpt_header h;
+    if (e) rc = dir_read_table(&d, e, 1, &h, NULL, NULL);
+    else rc = DYNEMB_ENOTFOUND; /* (dir_find set the message) */
+    if (!rc) {
+      if (h.dim != dynemb_table_dim(t))
+        rc = dynemb_error_set(DYNEMB_EDIM,
+                              "checkpoint '%s': table '%s' has dim %d, but "
+                              "table '%s' has dim %d; load it into a table "
+                              "created with dim %d",
+                              dir, name, h.dim, tname, dynemb_table_dim(t),
+                              h.dim);
+      dynemb_ckpt_header_free(&h);
+    }
+    if (!rc) {
+      rc = load_streamed(&d, e, t, flags, shard_index, shard_count);
+      if (rc) {
+        char msg[WHAT_MAX];
+        what_fmt(msg, "%s", dynemb_last_error());
+        dynemb_error_set(rc, "checkpoint '%s', table '%s': %s", dir, name, msg);
+      }
+    }
+    dir_close(&d);
+    return rc;
+  }
   dynemb_snapshot snap;
   int rc = dynemb_checkpoint_read(dir, name, &snap);
   if (rc) return rc;

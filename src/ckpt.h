@@ -106,16 +106,29 @@ void dynemb_ckpt_src_fd(dynemb_ckpt_src *src, int fd, uint64_t size);
 void dynemb_ckpt_src_mem(dynemb_ckpt_src *src, const void *data, size_t size);
 
 /* Checks a snapshot can be written (dims, optimizer, sorted keys, arrays
- * present). `name` is the table name; `what` prefixes messages. */
+ * present; the values array only if `need_values`). `name` is the table
+ * name; `what` prefixes messages. */
 int dynemb_ckpt_snapshot_check(const dynemb_snapshot *snap, const char *name,
-                               const char *what);
+                               const char *what, int need_values);
+
+/* Where the values section's rows come from when the snapshot has no
+ * values array (tables larger than memory): fn fills rows [first, first +
+ * n), row_floats floats each, in key order, into `out` and returns a dynemb
+ * status with its message set. */
+typedef struct dynemb_ckpt_rows {
+  int (*fn)(void *ctx, size_t first, size_t n, float *out);
+  void *ctx;
+} dynemb_ckpt_rows;
 
 /* Streams table `name` with contents `snap` to `fd` in the table file
- * format. On success *bytes and *crc hold the file's size and CRC32.
- * `what` (e.g. "checkpoint '/d': file 'x.tmp'") prefixes error messages.
- * Errors: EINVAL (snapshot not writable), EIO, ENOMEM. */
+ * format; the values come from snap->values, or from `rows` when it is not
+ * NULL (snap->values is then ignored). On success *bytes and *crc hold the
+ * file's size and CRC32. `what` (e.g. "checkpoint '/d': file 'x.tmp'")
+ * prefixes error messages. Errors: EINVAL (snapshot not writable), EIO,
+ * ENOMEM, and those of rows->fn. */
 int dynemb_ckpt_table_write(int fd, const char *what, const char *name,
-                            const dynemb_snapshot *snap, uint64_t *bytes,
+                            const dynemb_snapshot *snap,
+                            const dynemb_ckpt_rows *rows, uint64_t *bytes,
                             uint32_t *crc);
 
 /* Reads and checks only the header (its CRC included). `what` prefixes
@@ -174,6 +187,11 @@ const dynemb_manifest_entry *dynemb_manifest_find(const dynemb_manifest *m,
                                                   const char *name);
 
 /* ---- ckpt.c: directory-level operations ----------------------------------- */
+
+/* Rows per import step when loading into a table with an SSD tier
+ * (dynemb_checkpoint_load streams such loads); 0, the default, means about
+ * 64 MiB of values. Tests set it small to cross step boundaries. */
+extern size_t dynemb_ckpt_load_chunk_rows;
 
 /* Saves snapshots given directly instead of tables (the seam used by save,
  * by the format tests and by the fuzz seed generator): table names[i] gets

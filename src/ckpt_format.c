@@ -66,6 +66,11 @@ typedef struct writer {
   uint32_t file_crc;
   uint64_t bytes;
   int err; /* first errno */
+  /* values streamed from a row source (NULL: from the snapshot's array) */
+  const dynemb_ckpt_rows *rows;
+  float *rowbuf; /* one block of rows */
+  size_t row_floats;
+  int rows_rc; /* the source's error */
 } writer;
 
 static void w_flush(writer *w) {
@@ -112,10 +117,23 @@ static void w_section(writer *w, const section_desc *d, const void *data,
   dynemb_le_put64(p + 8, count);
   uint32_t crc = (uint32_t)crc32(0L, p, SECTION_HEAD);
   size_t per_block = DYNEMB_CKPT_BLOCK / eb;
-  for (uint64_t done = 0; done < count && !w->err;) {
+  /* values from a row source: whole rows per block (a row is at most
+   * 65536 x 3 floats, less than a block) */
+  const int streamed = data == NULL && count > 0 && w->rows;
+  if (streamed) per_block -= per_block % w->row_floats;
+  for (uint64_t done = 0; done < count && !w->err && !w->rows_rc;) {
     size_t k = (size_t)(count - done < per_block ? count - done : per_block);
+    const void *src = data;
+    size_t at = (size_t)done;
+    if (streamed) {
+      w->rows_rc = w->rows->fn(w->rows->ctx, at / w->row_floats,
+                               k / w->row_floats, w->rowbuf);
+      if (w->rows_rc) break;
+      src = w->rowbuf;
+      at = 0;
+    }
     p = w_reserve(w, k * eb);
-    encode(p, data, (size_t)done, k, d->kind);
+    encode(p, src, at, k, d->kind);
     crc = (uint32_t)crc32(crc, p, (uInt)(k * eb));
     done += k;
   }
@@ -134,7 +152,7 @@ static int strictly_increasing(const int64_t *k, size_t n, size_t *bad) {
 }
 
 int dynemb_ckpt_snapshot_check(const dynemb_snapshot *snap, const char *name,
-                               const char *what) {
+                               const char *what, int need_values) {
   size_t len = name ? strlen(name) : 0;
   if (len == 0 || len > DYNEMB_CKPT_MAX_NAME)
     return dynemb_error_set(DYNEMB_EINVAL,
@@ -155,7 +173,8 @@ int dynemb_ckpt_snapshot_check(const dynemb_snapshot *snap, const char *name,
                             what, name, snap->dim, snap->row_floats,
                             dynemb_optim_name(snap->optimizer_kind),
                             1 + slots);
-  if (snap->rows && (!snap->keys || !snap->values || !snap->last_access))
+  if (snap->rows &&
+      (!snap->keys || (need_values && !snap->values) || !snap->last_access))
     return dynemb_error_set(DYNEMB_EINVAL,
                             "%s: table '%s': snapshot has %zu rows but a "
                             "NULL row array",
@@ -181,15 +200,21 @@ int dynemb_ckpt_snapshot_check(const dynemb_snapshot *snap, const char *name,
 }
 
 int dynemb_ckpt_table_write(int fd, const char *what, const char *name,
-                            const dynemb_snapshot *snap, uint64_t *bytes,
+                            const dynemb_snapshot *snap,
+                            const dynemb_ckpt_rows *source, uint64_t *bytes,
                             uint32_t *crc) {
-  int rc = dynemb_ckpt_snapshot_check(snap, name, what);
+  int rc = dynemb_ckpt_snapshot_check(snap, name, what, source == NULL);
   if (rc) return rc;
-  writer w = {.fd = fd};
+  writer w = {.fd = fd, .rows = source};
   w.buf = malloc(DYNEMB_CKPT_BLOCK);
-  if (!w.buf)
+  if (source) w.rowbuf = malloc(DYNEMB_CKPT_BLOCK);
+  if (!w.buf || (source && !w.rowbuf)) {
+    free(w.buf);
+    free(w.rowbuf);
     return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory for the write "
                                            "buffer", what);
+  }
+  w.row_floats = (size_t)snap->row_floats;
   uint32_t name_len = (uint32_t)strlen(name);
   uint32_t header_bytes = DYNEMB_CKPT_HEADER_FIXED + name_len + 4;
   /* The header (at most 64 KiB + 68) is written through the buffer too. */
@@ -214,13 +239,16 @@ int dynemb_ckpt_table_write(int fd, const char *what, const char *name,
 
   uint64_t rows = snap->rows, cands = snap->candidates;
   w_section(&w, &k_sections[0], snap->keys, rows);
-  w_section(&w, &k_sections[1], snap->values, rows * (uint64_t)snap->row_floats);
+  w_section(&w, &k_sections[1], w.rows ? NULL : snap->values,
+            rows * (uint64_t)snap->row_floats);
   w_section(&w, &k_sections[2], snap->last_access, rows);
   w_section(&w, &k_sections[3], snap->cand_keys, cands);
   w_section(&w, &k_sections[4], snap->cand_counts, cands);
   w_section(&w, &k_sections[5], snap->cand_last_access, cands);
   w_flush(&w);
   free(w.buf);
+  free(w.rowbuf);
+  if (w.rows_rc) return w.rows_rc; /* the message names the table */
   if (w.err)
     return dynemb_error_set(DYNEMB_EIO, "%s: write failed: %s", what,
                             strerror(w.err));

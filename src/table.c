@@ -1745,82 +1745,123 @@ static inline dynemb_index_entry *entry_of(dynemb_table *t, int cands,
   return ix->slots + (v & ((UINT64_C(1) << 40) - 1));
 }
 
-int dynemb_table_snapshot(dynemb_table *t, dynemb_snapshot *snap) {
+struct dynemb_table_reader {
+  dynemb_table *t;
+  kv *order; /* the rows, in key order: shard << 40 | index entry */
+  size_t rows;
+};
+
+int dynemb_table_snapshot_open(dynemb_table *t, dynemb_snapshot *snap,
+                               dynemb_table_reader **out) {
   dynemb_error_clear();
-  if (!snap)
-    return dynemb_error_set(DYNEMB_EINVAL,
-                            "dynemb_table_snapshot: snapshot pointer is NULL");
+  *out = NULL;
   memset(snap, 0, sizeof *snap);
   if (!t) return null_table("dynemb_table_snapshot");
+  dynemb_table_reader *rd = calloc(1, sizeof *rd);
+  if (!rd) goto nomem0;
   lock_all(t, 0);
   size_t rows = 0, cands = 0;
   for (uint32_t s = 0; s < t->nshards; s++) {
     rows += t->shards[s].rows.count;
     cands += t->shards[s].cands.count;
   }
-  const size_t rf = (size_t)t->row_floats;
   snap->dim = t->dim;
   snap->row_floats = t->row_floats;
   snap->optimizer_kind = t->cfg.optimizer.kind;
   snap->apply_steps = LOAD(&t->apply_steps);
   snap->rows = rows;
   snap->candidates = cands;
-  kv *order = malloc((rows > cands ? rows : cands) * sizeof *order + 1);
+  rd->t = t;
+  rd->rows = rows;
+  rd->order = malloc(rows * sizeof *rd->order + 1);
+  kv *corder = malloc(cands * sizeof *corder + 1);
   snap->keys = malloc(rows * sizeof *snap->keys + 1);
-  snap->values = malloc(rows * rf * sizeof *snap->values + 1);
   snap->last_access = malloc(rows * sizeof *snap->last_access + 1);
   snap->cand_keys = malloc(cands * sizeof *snap->cand_keys + 1);
   snap->cand_counts = malloc(cands * sizeof *snap->cand_counts + 1);
   snap->cand_last_access = malloc(cands * sizeof *snap->cand_last_access + 1);
-  int ok = order && snap->keys && snap->values && snap->last_access &&
+  int ok = rd->order && corder && snap->keys && snap->last_access &&
            snap->cand_keys && snap->cand_counts && snap->cand_last_access;
   if (ok) {
-    collect(t, 0, order);
-    ok = radix_sort(order, rows) == DYNEMB_OK;
+    collect(t, 0, rd->order);
+    collect(t, 1, corder);
+    ok = radix_sort(rd->order, rows) == DYNEMB_OK &&
+         radix_sort(corder, cands) == DYNEMB_OK;
   }
-  int io_rc = DYNEMB_OK;
   if (ok) {
-    for (size_t i = 0; i < rows && !io_rc; i++) {
-      dynemb_index_entry *e = entry_of(t, 0, order[i].v);
+    for (size_t i = 0; i < rows; i++) {
+      const dynemb_index_entry *e = entry_of(t, 0, rd->order[i].v);
       snap->keys[i] = e->key;
       snap->last_access[i] = LOAD(&e->last_access);
-      const dynemb_shard *sh = &t->shards[order[i].v >> 40];
-      float *to = snap->values + i * rf;
-      if (!on_host(e->loc)) {
-        io_rc = dynemb_ssd_read(&t->ssd, DYNEMB_LOC_SLOT(e->loc), to,
-                                rf > (size_t)t->dim ? to + t->dim : NULL);
-        continue;
-      }
-      memcpy(to, row_of(sh, e->loc), (size_t)t->dim * sizeof(float));
-      if (rf > (size_t)t->dim)
-        memcpy(to + t->dim, slots_of(sh, e->loc),
-               (rf - (size_t)t->dim) * sizeof(float));
     }
-    collect(t, 1, order);
-    ok = radix_sort(order, cands) == DYNEMB_OK;
-  }
-  if (ok) {
     for (size_t i = 0; i < cands; i++) {
-      dynemb_index_entry *e = entry_of(t, 1, order[i].v);
+      const dynemb_index_entry *e = entry_of(t, 1, corder[i].v);
       snap->cand_keys[i] = e->key;
       snap->cand_counts[i] = e->loc;
       snap->cand_last_access[i] = e->last_access;
     }
   }
-  unlock_all(t);
-  free(order);
-  if (io_rc) { /* the message names the table and the disk */
-    dynemb_snapshot_free(snap);
-    return io_rc;
+  free(corder);
+  if (ok) {
+    *out = rd;
+    return DYNEMB_OK;
   }
-  if (!ok) {
-    dynemb_snapshot_free(snap);
-    return dynemb_error_set(DYNEMB_ENOMEM,
-                            "table '%s': out of memory for a snapshot of %zu "
-                            "rows x %zu floats",
-                            t->name, rows, rf);
+  dynemb_table_snapshot_close(rd);
+  dynemb_snapshot_free(snap);
+  return dynemb_error_set(DYNEMB_ENOMEM,
+                          "table '%s': out of memory for a snapshot of %zu "
+                          "rows and %zu candidates",
+                          t->name, rows, cands);
+nomem0:
+  return dynemb_error_set(DYNEMB_ENOMEM,
+                          "table '%s': out of memory for a snapshot", t->name);
+}
+
+int dynemb_table_reader_rows(const dynemb_table_reader *rd, size_t first,
+                             size_t n, float *out) {
+  const dynemb_table *t = rd->t;
+  const size_t rf = (size_t)t->row_floats, dim = (size_t)t->dim;
+  for (size_t i = first; i < first + n && i < rd->rows; i++) {
+    const dynemb_index_entry *e = entry_of(rd->t, 0, rd->order[i].v);
+    const dynemb_shard *sh = &t->shards[rd->order[i].v >> 40];
+    float *to = out + (i - first) * rf;
+    if (!on_host(e->loc)) {
+      int rc = dynemb_ssd_read(&rd->t->ssd, DYNEMB_LOC_SLOT(e->loc), to,
+                               rf > dim ? to + dim : NULL);
+      if (rc) return rc; /* the message names the table and the disk */
+      continue;
+    }
+    memcpy(to, row_of(sh, e->loc), dim * sizeof(float));
+    if (rf > dim) memcpy(to + dim, slots_of(sh, e->loc), (rf - dim) * sizeof(float));
   }
   return DYNEMB_OK;
+}
+
+void dynemb_table_snapshot_close(dynemb_table_reader *rd) {
+  if (!rd) return;
+  if (rd->t) unlock_all(rd->t);
+  free(rd->order);
+  free(rd);
+}
+
+int dynemb_table_snapshot(dynemb_table *t, dynemb_snapshot *snap) {
+  dynemb_error_clear();
+  if (!snap)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "dynemb_table_snapshot: snapshot pointer is NULL");
+  dynemb_table_reader *rd = NULL;
+  int rc = dynemb_table_snapshot_open(t, snap, &rd);
+  if (rc) return rc;
+  const size_t rf = (size_t)t->row_floats;
+  snap->values = malloc(snap->rows * rf * sizeof *snap->values + 1);
+  rc = snap->values ? dynemb_table_reader_rows(rd, 0, snap->rows, snap->values)
+                    : dynemb_error_set(DYNEMB_ENOMEM,
+                                       "table '%s': out of memory for a "
+                                       "snapshot of %zu rows x %zu floats",
+                                       t->name, snap->rows, rf);
+  dynemb_table_snapshot_close(rd);
+  if (rc) dynemb_snapshot_free(snap);
+  return rc;
 }
 
 /* ------------------------------------------------------------------------ */

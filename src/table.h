@@ -69,6 +69,22 @@ struct dynemb_table {
 int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out);
 void dynemb_table_destroy(dynemb_table *t);
 
+/* A snapshot whose rows are read on demand (checkpoints of tables larger
+ * than memory): open fills everything of `snap` but the values (NULL) and
+ * keeps every shard's read lock (lookups go on; inserts, applies, evictions
+ * wait) until close. reader_rows copies rows [first, first + n) of the
+ * snapshot's key order, row_floats floats each, from memory or the SSD
+ * tier (EIO). dynemb_table_snapshot is open + reader_rows of all + close. */
+typedef struct dynemb_table_reader dynemb_table_reader;
+int dynemb_table_snapshot_open(dynemb_table *t, dynemb_snapshot *snap,
+                               dynemb_table_reader **rd);
+int dynemb_table_reader_rows(const dynemb_table_reader *rd, size_t first,
+                             size_t n, float *out);
+void dynemb_table_snapshot_close(dynemb_table_reader *rd);
+static inline int dynemb_table_has_ssd(const dynemb_table *t) {
+  return dynemb_ssd_on(&t->ssd);
+}
+
 static inline uint32_t dynemb_table_shard_of(const dynemb_table *t,
                                              uint64_t h) {
   return t->shard_bits ? (uint32_t)(h >> (64 - t->shard_bits)) : 0;

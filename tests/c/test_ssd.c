@@ -4,7 +4,8 @@
  * rows checked against the same table without a tier. For every optimizer
  * (their slots travel through the file too), train lookups, eval lookups,
  * hinted reads and applies must give bit-identical floats, and so must a
- * checkpoint written and loaded back. Then: both tiers full (ECAPACITY
+ * checkpoint written and loaded back (streamed from and into the tiers,
+ * byte-identical to a save of a whole snapshot). Then: both tiers full (ECAPACITY
  * naming both sizes), eviction of rows on SSD, clear, and a disk that
  * refuses writes (RLIMIT_FSIZE): EIO naming the directory, nothing lost.
  */
@@ -17,6 +18,7 @@
 
 #include "check.h"
 #include "dynemb.h"
+#include "ckpt.h"
 #include "optim.h"
 #include "ssd.h"
 
@@ -113,6 +115,23 @@ static int same_snapshots(dynemb_table *a, dynemb_table *b) {
   return same;
 }
 
+/* Whether file `f` has the same bytes in directories a and b. */
+static int same_files(const char *a, const char *b, const char *f) {
+  char pa[700], pb[700];
+  snprintf(pa, sizeof pa, "%s/%s", a, f);
+  snprintf(pb, sizeof pb, "%s/%s", b, f);
+  FILE *x = fopen(pa, "rb"), *y = fopen(pb, "rb");
+  int same = x && y;
+  while (same) {
+    int c = fgetc(x), d = fgetc(y);
+    if (c != d) same = 0;
+    if (c == EOF) break;
+  }
+  if (x) fclose(x);
+  if (y) fclose(y);
+  return same;
+}
+
 /* Runs the same random steps on a plain table and on one with 24 rows of
  * host memory over SSD; every output must be bit-identical. */
 static void run_pair(int opt, int shards) {
@@ -182,22 +201,84 @@ static void run_pair(int opt, int shards) {
   dynemb_table *c = make("plain2", opt, 0, 4);
   dynemb_table *d = make("tiered2", opt, 16, 1);
   CHECK_OK(dynemb_checkpoint_load(dir, c, "tiered", 0, 0, 0));
+  /* into a tiered table the load streams, here in steps of 37 rows */
+  dynemb_ckpt_load_chunk_rows = 37;
   CHECK_OK(dynemb_checkpoint_load(dir, d, "tiered", DYNEMB_IMPORT_REPLACE, 0, 0));
   CHECK(same_snapshots(a, c));
   CHECK(same_snapshots(a, d));
+  dynemb_table_stats sc;
+  dynemb_table_get_stats(c, &sc);
+  dynemb_table_get_stats(b, &sb);
+  CHECK(sc.apply_steps == sb.apply_steps);
+  /* the streamed save wrote the bytes a save from a snapshot writes */
+  dynemb_snapshot whole;
+  CHECK_OK(dynemb_table_snapshot(b, &whole));
+  char dir2[600];
+  snprintf(dir2, sizeof dir2, "%s-copy", dir);
+  const char *nm = "tiered";
+  const dynemb_snapshot *sp = &whole;
+  CHECK_OK(dynemb_ckpt_save_snapshots(dir2, &nm, &sp, 1));
+  dynemb_snapshot_free(&whole);
+  CHECK(same_files(dir, dir2, "g000001-t0000.dtab"));
   dynemb_table_stats sd;
   dynemb_table_get_stats(d, &sd);
   CHECK(sd.host_rows == 16 && sd.ssd_rows == sd.size - 16);
   /* loading again (no replace) rewrites rows where they are */
   CHECK_OK(dynemb_checkpoint_load(dir, d, "tiered", 0, 0, 0));
   CHECK(same_snapshots(a, d));
-  char cmd[600];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  dynemb_ckpt_load_chunk_rows = 0;
+  char cmd[1300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, dir2);
   CHECK(system(cmd) == 0);
   dynemb_table_release(a);
   dynemb_table_release(b);
   dynemb_table_release(c);
   dynemb_table_release(d);
+  dynemb_registry_clear();
+}
+
+/* A tiered table with admission candidates and optimizer steps, saved
+ * (streamed) and loaded (streamed, in steps of 5 rows) into another tiered
+ * table: everything comes back, candidates and step count included. */
+static void test_checkpoint_candidates_streamed(void) {
+  dynemb_table *a = make("cand_src", DYNEMB_OPT_ADAM, 6, 4);
+  if (!a) return;
+  CHECK_OK(dynemb_table_set_access_threshold(a, 3));
+  int64_t k[40];
+  float out[40 * DIM], g[40 * DIM];
+  for (int i = 0; i < 40 * DIM; i++) g[i] = 0.25f;
+  for (int r = 0; r < 6; r++) { /* keys 0..19 each round; 10 new keys seen
+                                  * twice per round (candidates) */
+    for (int i = 0; i < 40; i++) k[i] = i < 20 ? i : 100 + r * 10 + (i - 20) % 10;
+    CHECK_OK(dynemb_lookup(a, k, 40, DYNEMB_LOOKUP_TRAIN, r, out));
+    CHECK_OK(dynemb_apply(a, k, 40, g, -1.0f, NULL));
+  }
+  dynemb_table_stats st;
+  dynemb_table_get_stats(a, &st);
+  CHECK(st.candidates > 0 && st.ssd_rows > 0);
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/dynemb-test-ssd-cand-%d", tmpdir(), (int)getpid());
+  CHECK_OK(dynemb_checkpoint_save(dir, &a, 1));
+  dynemb_table *b = make("cand_dst", DYNEMB_OPT_ADAM, 6, 2);
+  dynemb_ckpt_load_chunk_rows = 5;
+  CHECK_OK(dynemb_checkpoint_load(dir, b, "cand_src", DYNEMB_IMPORT_REPLACE, 0, 0));
+  dynemb_ckpt_load_chunk_rows = 0;
+  dynemb_snapshot x, y;
+  CHECK_OK(dynemb_table_snapshot(a, &x));
+  CHECK_OK(dynemb_table_snapshot(b, &y));
+  CHECK(same_snapshots(a, b));
+  CHECK(x.candidates == y.candidates && x.candidates > 0 &&
+        memcmp(x.cand_keys, y.cand_keys, x.candidates * 8) == 0 &&
+        memcmp(x.cand_counts, y.cand_counts, x.candidates * 4) == 0 &&
+        memcmp(x.cand_last_access, y.cand_last_access, x.candidates * 4) == 0);
+  CHECK(x.apply_steps == 6 && y.apply_steps == 6);
+  dynemb_snapshot_free(&x);
+  dynemb_snapshot_free(&y);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0);
+  dynemb_table_release(a);
+  dynemb_table_release(b);
   dynemb_registry_clear();
 }
 
@@ -315,6 +396,7 @@ int main(void) {
   RUN(test_same_results_adagrad);
   RUN(test_same_results_adam);
   RUN(test_same_results_ftrl);
+  RUN(test_checkpoint_candidates_streamed);
   RUN(test_full_evict_clear);
   RUN(test_disk_refuses_writes);
   return check_summary();

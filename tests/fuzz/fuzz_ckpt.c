@@ -39,12 +39,12 @@ static void fuzz_table(const uint8_t *data, size_t size) {
   if (!rc_head) dynemb_ckpt_header_free(&hh);
   if (rc) return;
   if (rc_head) abort();
-  if (dynemb_ckpt_snapshot_check(&snap, h.name, "fuzz") != DYNEMB_OK) abort();
+  if (dynemb_ckpt_snapshot_check(&snap, h.name, "fuzz", 1) != DYNEMB_OK) abort();
   int fd = memfd_create("fuzz_ckpt", MFD_CLOEXEC);
   if (fd >= 0) {
     uint64_t bytes;
     uint32_t crc;
-    if (dynemb_ckpt_table_write(fd, "fuzz", h.name, &snap, &bytes, &crc) !=
+    if (dynemb_ckpt_table_write(fd, "fuzz", h.name, &snap, NULL, &bytes, &crc) !=
             DYNEMB_OK ||
         bytes != size)
       abort();
