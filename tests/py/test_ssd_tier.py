@@ -95,3 +95,35 @@ def test_full_tiers_name_both_sizes(tmp_path):
             s.run(out, {ids: [10]})
     st = t.stats()
     assert st["size"] == 10 and st["host_rows"] == 4 and st["ssd_rows"] == 6
+
+
+def test_save_and_restore_tables_of_a_tiered_table(tmp_path):
+    # dynemb.save_tables / restore_tables: the engine's own checkpoint, which
+    # streams a tiered table's rows (no copy of the table in memory)
+    t = dynemb.create_table(tf.int64, 4, "big", tf.compat.v1.random_normal_initializer(seed=3),
+                            device_vocabulary_size=0, host_vocabulary_size=8,
+                            ssd_vocabulary_size=1000, ssd_data_path=str(tmp_path / "ssd"),
+                            optimizer_list=[lazy_adam.create_hash_optimizer(learning_rate=0.1)])
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    emb = dynemb.sparse_lookup(t, ids)
+    loss = tf.reduce_sum(tf.square(emb))
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    opt = t.optimizer
+    train = opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse))
+    batches = [np.random.RandomState(i).randint(0, 200, size=16) for i in range(12)]
+    with tf.compat.v1.Session() as s:
+        for b in batches[:6]:
+            s.run(train, {ids: b})
+        assert dynemb.save_tables(str(tmp_path / "ckpt"), [t]) == ["big"]
+        first = [s.run([loss, train], {ids: b})[0] for b in batches[6:]]
+        rows_after = _export("big")
+        assert t.stats()["ssd_rows"] > 20
+        dynemb.restore_tables(str(tmp_path / "ckpt"))  # every table of the process
+        again = [s.run([loss, train], {ids: b})[0] for b in batches[6:]]
+        np.testing.assert_array_equal(first, again)
+        for a, b in zip(rows_after, _export("big")):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(dynemb.DynembError, match="no table 'other'.*'big'"):
+        dynemb.restore_tables(str(tmp_path / "ckpt"), ["big"], name_map={"big": "other"})
+    with pytest.raises(dynemb.DynembError, match="'nope' does not exist"):
+        dynemb.save_tables(str(tmp_path / "ckpt"), ["nope"])
