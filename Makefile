@@ -131,10 +131,18 @@ bench: all
 	./build/dynemb bench --rows 4000000 --dim 64 --batch 65536 --dist uniform --threads 2 --json
 	./build/dynemb bench --rows 4000000 --dim 64 --batch 65536 --dist zipf:1.05 --threads 2 --json
 
+# The SSD tier (docs/ssd-tier.md): 1M rows, 200,000 in memory, the rest in a
+# file under SSD_DIR (default build/ssd-bench; point it at the disk to measure).
+SSD_DIR ?= build/ssd-bench
+bench-ssd: all
+	mkdir -p $(SSD_DIR)
+	./build/dynemb bench --rows 1000000 --dim 64 --batch 4096 --dist uniform --threads 2 --skip-stall --host-rows 200000 --ssd-dir $(SSD_DIR) --json
+	./build/dynemb bench --rows 1000000 --dim 64 --batch 4096 --dist zipf:1.05 --threads 2 --skip-stall --host-rows 200000 --ssd-dir $(SSD_DIR) --json
+
 clean:
 	rm -rf build
 
-.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench clean
+.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench bench-ssd clean
 
 # --- TensorFlow training benchmark (bench/tf_train.py) -------------------------
 # TFRA needs its own TensorFlow, so it gets its own virtualenv; where pip cannot
