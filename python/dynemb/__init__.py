@@ -7,7 +7,7 @@ from dynemb import _lib
 from dynemb._lib import DynembError
 from dynemb.core.embedding import (EmbeddingTable, clear_tables, create_table, drop_table,
                                    sparse_lookup)
-from dynemb.core.checkpoint import restore_tables, save_tables
+from dynemb.core.checkpoint import patch_saver as _patch_saver, restore_tables, save_tables
 from dynemb.core.asc.feature_spec import FeatureSpec
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
@@ -25,6 +25,9 @@ __version__ = "0.1.0"
 # tf.compat.v1.train.warm_start (which Estimator calls for warm_start_from)
 # learns dynemb tables and mxRec's multi-path settings (docs/warm-start.md).
 _patch_tensorflow()
+# Saver checkpoints hold tables with an SSD tier in <prefix>.dynemb directories
+# (streamed; docs/ssd-tier.md).
+_patch_saver()
 
 __all__ = [
     "DynembError", "EmbeddingTable", "EvictHook", "ConfigInitializer", "FeatureSpec",

@@ -58,6 +58,11 @@ def test_save_restore_continue_equals_uninterrupted(tmp_path, ssd):
     assert stats_at_save["candidates"] > 0  # admission state is part of the checkpoint
     if ssd:
         assert stats_at_save["ssd_rows"] == stats_at_save["size"] - 8 > 20
+        # the rows are in the engine's files next to the checkpoint, the TF
+        # checkpoint holds a marker
+        assert os.path.isfile(os.path.join(path + ".dynemb", "MANIFEST"))
+        names = dict(tf.train.list_variables(path))
+        assert "dynemb/ckpt_t/tiered" in names and "dynemb/ckpt_t/keys" not in names
     dynemb.clear_tables()
     with tf.Graph().as_default():
         t, ids, y, loss, train = _build(access_threshold=2, tiers=tiers)
@@ -106,3 +111,24 @@ def test_restore_into_a_different_dim_is_a_clear_error(tmp_path):
             with pytest.raises(tf.errors.InvalidArgumentError, match="dimtab") as e:
                 saver.restore(s, path)
     assert "4" in e.value.message and "8" in e.value.message
+
+
+def test_tiered_table_checkpoints_follow_max_to_keep(tmp_path):
+    tiers = {"host_vocabulary_size": 4, "device_vocabulary_size": 0,
+             "ssd_vocabulary_size": 1000, "ssd_data_path": str(tmp_path / "ssd")}
+    data = _data(6, 2)
+    with tf.Graph().as_default():
+        t, ids, y, loss, train = _build(tiers=tiers)
+        saver = tf.compat.v1.train.Saver(max_to_keep=2)
+        with tf.compat.v1.Session() as s:
+            s.run(tf.compat.v1.global_variables_initializer())
+            for i, (a, b) in enumerate(data):
+                s.run(train, {ids: a, y: b})
+                saver.save(s, str(tmp_path / "model"), global_step=i)
+            kept = sorted(p for p in os.listdir(tmp_path) if p.endswith(".dynemb"))
+            assert kept == ["model-4.dynemb", "model-5.dynemb"]
+            # restoring a checkpoint whose rows are gone is a clear error
+            import shutil
+            shutil.rmtree(tmp_path / "model-4.dynemb")
+            with pytest.raises(ValueError, match="model-4.dynemb.*ckpt_t"):
+                saver.restore(s, str(tmp_path / "model-4"))

@@ -4,7 +4,11 @@ rest in a file, and training gives exactly the numbers of the same model on
 a table that keeps every row in memory (automatic graph modification, so
 rows are brought back into memory in the input pipeline, ahead of the
 step). The reference is the memory-only table; the engine's tier moves are
-checked in tests/c/test_ssd.c and test_model.c."""
+checked in tests/c/test_ssd.c and test_model.c. Checkpoints: save_tables /
+restore_tables, and Saver / Estimator checkpoints, whose rows of tiered tables
+go to <checkpoint>.dynemb (tests/py/test_saver.py has the Saver side)."""
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -127,3 +131,74 @@ def test_save_and_restore_tables_of_a_tiered_table(tmp_path):
         dynemb.restore_tables(str(tmp_path / "ckpt"), ["big"], name_map={"big": "other"})
     with pytest.raises(dynemb.DynembError, match="'nope' does not exist"):
         dynemb.save_tables(str(tmp_path / "ckpt"), ["nope"])
+
+
+def _est_input_fn():
+    rng = np.random.default_rng(0)
+    ids = (rng.integers(0, 60, size=(64, 3)) * 7919).astype(np.int64)
+    y = (ids[:, :1] % 3 == 0).astype(np.float32)
+    return tf.compat.v1.data.Dataset.from_tensor_slices(({"ids": ids}, y)).batch(16)
+
+
+def _est_model_fn(ssd_dir):
+    def model_fn(features, labels, mode):
+        opt = adagrad.create_hash_optimizer(learning_rate=0.1, initial_accumulator_value=0.1)
+        tiers = ({} if ssd_dir is None else
+                 {"device_vocabulary_size": 0, "host_vocabulary_size": 10,
+                  "ssd_vocabulary_size": 1000, "ssd_data_path": ssd_dir})
+        t = dynemb.create_table(tf.int64, 4, "est_tier", tf.compat.v1.random_uniform_initializer(
+            -0.05, 0.05, seed=2), optimizer_list=[opt], **tiers)
+        e = dynemb.sparse_lookup(t, features["ids"], is_train=mode == tf.estimator.ModeKeys.TRAIN)
+        w = tf.compat.v1.get_variable("w", [4, 1], initializer=tf.compat.v1.ones_initializer())
+        logits = tf.matmul(tf.reduce_sum(e, 1), w)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
+                                                                      logits=logits))
+        if mode == tf.estimator.ModeKeys.EVAL:
+            return tf.estimator.EstimatorSpec(mode, loss=loss)
+        dense, sparse = dynemb.get_dense_and_sparse_variable()
+        train_op = tf.group(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=dense),
+            opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse),
+                                global_step=tf.compat.v1.train.get_global_step()))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+    return model_fn
+
+
+def test_estimator_checkpoints_a_tiered_table(tmp_path):
+    # Estimator's checkpoints (Saver) hold the tiered table's rows in
+    # <checkpoint>.dynemb; evaluation in a fresh process state restores them
+    # and gives the loss of the same model kept in memory.
+    evals = {}
+    for tiered in (False, True):
+        dynemb.clear_tables()
+        model_dir = tmp_path / ("tiered" if tiered else "memory")
+        est = tf.estimator.Estimator(
+            _est_model_fn(str(tmp_path / "ssd") if tiered else None), model_dir=str(model_dir))
+        est.train(_est_input_fn, steps=4)
+        dynemb.clear_tables()  # as a new process would start
+        evals[tiered] = est.evaluate(_est_input_fn, steps=2)["loss"]
+        if tiered:
+            assert os.path.isfile(model_dir / "model.ckpt-4.dynemb" / "MANIFEST")
+            st = dynemb._lib.table_stats("est_tier")
+            assert st["host_rows"] <= 10 and st["ssd_rows"] > 20
+    assert evals[True] == evals[False]
+
+
+def test_warm_start_from_a_tiered_checkpoint_names_the_workaround(tmp_path):
+    t = dynemb.create_table(tf.int64, 2, "ws_src", tf.compat.v1.zeros_initializer(),
+                            host_vocabulary_size=2, device_vocabulary_size=0,
+                            ssd_vocabulary_size=100, ssd_data_path=str(tmp_path / "ssd"))
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    out = dynemb.sparse_lookup(t, ids)
+    tf.compat.v1.train.get_or_create_global_step()
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        s.run(out, {ids: np.arange(10)})
+        path = saver.save(s, str(tmp_path / "m"))
+    dynemb.clear_tables()
+    with tf.Graph().as_default():
+        dynemb.create_table(tf.int64, 2, "ws_src", tf.compat.v1.zeros_initializer())
+        tf.compat.v1.train.get_or_create_global_step()
+        with pytest.raises(dynemb.WarmStartError, match="SSD tier.*restore_tables"):
+            dynemb.warm_start(path, vars_to_warm_start="ws_src")

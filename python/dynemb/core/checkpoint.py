@@ -1,19 +1,32 @@
-"""Engine checkpoints of tables, outside TensorFlow's Saver.
+"""Engine checkpoints of tables, and how Saver checkpoints hold tiered tables.
 
-``tf.compat.v1.train.Saver`` (and Estimator) checkpoint dynemb tables as
-tensors, so a save holds a copy of every table in memory. A table with an SSD
-tier may be larger than memory: ``save_tables`` writes tables in the engine's
-own checkpoint format (docs/checkpoint-format.md: atomic, checksummed), and
-streams the rows of tiered tables from memory and disk into the files;
-``restore_tables`` verifies a checkpoint, then loads it (in steps, into tiered
-tables). Call them between ``sess.run`` calls, for example every N steps.
+``save_tables`` writes tables in the engine's own checkpoint format
+(docs/checkpoint-format.md: atomic, checksummed) and streams the rows of tables
+with an SSD tier from memory and disk into the files; ``restore_tables``
+verifies a checkpoint, then loads it (in steps, into tiered tables). Call them
+between ``sess.run`` calls.
+
+``tf.compat.v1.train.Saver`` (and so Estimator) checkpoints an ordinary table
+as tensors, which hold a copy of it in memory. A table with an SSD tier may be
+larger than memory, so the Saver keeps only a marker of it
+(embedding.TieredTableSaveable) and ``patch_saver`` makes ``Saver.save`` write
+the rows of the graph's tiered tables with ``save_tables`` into
+``<checkpoint prefix>.dynemb`` (before the Saver writes its own files, so a
+checkpoint the Saver lists always has them), prune those directories with the
+Saver's ``max_to_keep``, and ``Saver.restore`` load them back.
 """
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
 from typing import Any, Iterable, Optional
 
+import tensorflow as tf
+
 from dynemb import _lib
+
+SUFFIX = ".dynemb"  # <checkpoint prefix>.dynemb: the tiered tables' rows
 
 _lib.clib.dynemb_checkpoint_save.restype = ctypes.c_int
 _lib.clib.dynemb_checkpoint_save.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
@@ -90,3 +103,82 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
         for h in hs:
             _lib.clib.dynemb_table_release(h)
     return names
+
+
+# --------------------------------------------------------------------------
+# Saver checkpoints of tiered tables
+# --------------------------------------------------------------------------
+
+def _tiered_tables(graph: tf.Graph) -> list[str]:
+    from dynemb.core.embedding import graph_state
+    return sorted(t.table_name for t in graph_state(graph).tables.values()
+                  if t.is_save and t.tiered)
+
+
+def _checkpoint_path(saver: Any, sess: Any, save_path: str, global_step: Any) -> str:
+    """The prefix Saver.save will write (its own rule)."""
+    if global_step is None:
+        return save_path
+    if not hasattr(global_step, "__index__"):  # a tensor or variable
+        global_step = tf.compat.v1.train.global_step(sess, global_step)
+    if getattr(saver, "_pad_step_number", False):
+        return "%s-%08d" % (save_path, int(global_step))
+    return "%s-%d" % (save_path, int(global_step))
+
+
+def _prune(saver: Any, save_path: str) -> None:
+    """Removes this Saver's <prefix>.dynemb directories whose checkpoint its
+    max_to_keep has deleted."""
+    keep = {os.path.normpath(p + SUFFIX) for p in saver.last_checkpoints}
+    base = os.path.basename(save_path)
+    d = os.path.dirname(save_path) or "."
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return
+    for n in names:
+        full = os.path.normpath(os.path.join(d, n))
+        if (n.endswith(SUFFIX) and (n == base + SUFFIX or n.startswith(base + "-"))
+                and full not in keep):
+            shutil.rmtree(full, ignore_errors=True)
+
+
+_orig_save = tf.compat.v1.train.Saver.save
+_orig_restore = tf.compat.v1.train.Saver.restore
+
+
+def _save(self, sess, save_path, global_step=None, *args, **kwargs):
+    names = _tiered_tables(sess.graph) if sess is not None else []
+    if not names:
+        return _orig_save(self, sess, save_path, global_step, *args, **kwargs)
+    path = _checkpoint_path(self, sess, save_path, global_step)
+    save_tables(path + SUFFIX, names)  # first: a listed checkpoint has its rows
+    out = _orig_save(self, sess, save_path, global_step, *args, **kwargs)
+    if out and os.path.normpath(out) != os.path.normpath(path):  # (not expected)
+        shutil.rmtree(out + SUFFIX, ignore_errors=True)
+        os.rename(path + SUFFIX, out + SUFFIX)
+    if out and self._max_to_keep:  # pylint: disable=protected-access
+        _prune(self, save_path)
+    return out
+
+
+def _restore(self, sess, save_path):
+    out = _orig_restore(self, sess, save_path)
+    names = _tiered_tables(sess.graph) if sess is not None and save_path else []
+    if names:
+        d = save_path + SUFFIX
+        if not os.path.isdir(d):
+            raise ValueError(
+                "dynemb: checkpoint '%s' has no directory '%s' with the rows of the tables "
+                "with an SSD tier (%s): it was written without them, or the directory was "
+                "removed; restore the directory or start from another checkpoint"
+                % (save_path, d, ", ".join(names)))
+        restore_tables(d, names)
+    return out
+
+
+def patch_saver() -> None:
+    """Installs the tiered-table handling in tf.compat.v1.train.Saver
+    (idempotent; a Saver of a graph without tiered tables is unchanged)."""
+    tf.compat.v1.train.Saver.save = _save
+    tf.compat.v1.train.Saver.restore = _restore

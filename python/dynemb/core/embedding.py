@@ -122,6 +122,7 @@ class EmbeddingTable:
         self.graph = graph
         self.is_save = is_save
         self.access_and_evict_config: Optional[dict[str, Any]] = None
+        self.tiered = False  # has an SSD tier (set by create_table)
         with graph.as_default(), graph.name_scope(None):
             self.anchor = tf.constant(0.0, dtype=tf.float32,
                                       name=_op_name(name) + "_dynemb_anchor")
@@ -320,12 +321,16 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
         _HANDLES[name] = h
 
     table = EmbeddingTable(name, dim, key_dtype, opt, graph, is_save)
+    table.tiered = bool(ssd_vocabulary_size)
     st.tables[name] = table
     st.anchors[table.anchor.name] = table
     graph.add_to_collection(DYNEMB_SPARSE_VARIABLES, table.anchor)
     if is_save:
-        graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS,
-                                TableSaveable(table))
+        # A table with an SSD tier may be larger than memory: the Saver keeps
+        # only a marker of it, its rows go to <checkpoint>.dynemb/ (engine
+        # format, streamed; dynemb.core.checkpoint patches Saver.save/restore).
+        saveable = TieredTableSaveable(table) if table.tiered else TableSaveable(table)
+        graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
     return table
 
 
@@ -382,6 +387,25 @@ class TableSaveable(saveable_object.SaveableObject):
         kw = dict(zip(EXPORT_FIELDS, restored_tensors))
         return _lib.ops.dynemb_import(table_name=self.table_name,
                                       flags=_lib.IMPORT_REPLACE, **kw).op
+
+
+class TieredTableSaveable(saveable_object.SaveableObject):
+    """A table with an SSD tier in a Saver checkpoint: one marker tensor
+    ``dynemb/<table>/tiered`` (the table's name). Its rows go into the
+    directory ``<checkpoint prefix>.dynemb`` when the Saver saves and come back
+    when it restores (dynemb.core.checkpoint), streamed: never all in memory."""
+
+    def __init__(self, table: EmbeddingTable):
+        self.table_name = table.table_name
+        with table.graph.as_default(), table.graph.name_scope(None), \
+                tf.name_scope(_op_name(table.table_name) + "_dynemb_save"):
+            marker = tf.constant(table.table_name, name="tiered")
+        super().__init__(marker.op, [saveable_object.SaveSpec(
+            marker, "", "dynemb/%s/tiered" % table.table_name)], "dynemb/" + table.table_name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_tensors, restored_shapes
+        return tf.no_op(name=_op_name(self.table_name) + "_dynemb_restore")
 
 
 # --------------------------------------------------------------------------

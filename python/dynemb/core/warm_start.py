@@ -179,6 +179,8 @@ def _checkpoint_tables(prefix: str) -> Dict[str, Tuple[int, ...]]:
         if name.startswith("dynemb/") and name.endswith("/meta"):
             out[name[len("dynemb/"):-len("/meta")]] = tuple(
                 int(x) for x in reader.get_tensor(name))
+        elif name.startswith("dynemb/") and name.endswith("/tiered"):
+            out[name[len("dynemb/"):-len("/tiered")]] = ()  # rows in <prefix>.dynemb
     return out
 
 
@@ -254,6 +256,13 @@ def _check_in_checkpoint(entry: _Entry, table: embedding.EmbeddingTable, prev: s
             f"'{entry.prefix}'; tables there: {sorted(entry.ckpt_tables) or 'none'}. Select "
             f"only tables that checkpoint holds, or map the name with "
             f"var_name_to_prev_var_name={{'{table.table_name}': '<name in checkpoint>'}}")
+    if not entry.ckpt_tables[prev]:
+        raise WarmStartError(
+            f"warm start: table '{prev}' in checkpoint '{entry.prefix}' had an SSD tier: its "
+            f"rows are in '{entry.prefix}.dynemb', which warm start does not read yet; load "
+            f"them with dynemb.restore_tables('{entry.prefix}.dynemb', ['{table.table_name}'], "
+            f"name_map={{'{table.table_name}': '{prev}'}}, embedding_only=True) after "
+            f"initialization instead")
     dim = entry.ckpt_tables[prev][0]
     if dim != table.dim:
         raise WarmStartError(
