@@ -18,11 +18,12 @@ class RecordLoss(tf.compat.v1.train.SessionRunHook):
         self.out.append(run_values.results)
 
 
-def cmp_model_fn(modify=False, cfg=None, losses=None, name="cmp_t"):
+def cmp_model_fn(modify=False, cfg=None, losses=None, name="cmp_t", tiers=None):
+    """tiers: create_table's tier arguments (e.g. an SSD tier), or None."""
     def model_fn(features, labels, mode):
         opt = adagrad.create_hash_optimizer(learning_rate=0.1, initial_accumulator_value=0.1)
         t = dynemb.create_table(tf.int64, 4, name, tf.compat.v1.random_uniform_initializer(
-            -0.05, 0.05, seed=2), optimizer_list=[opt])
+            -0.05, 0.05, seed=2), optimizer_list=[opt], **(tiers or {}))
         is_train = mode == tf.estimator.ModeKeys.TRAIN
         e = dynemb.sparse_lookup(t, features["ids"] // 7, is_train=is_train, modify_graph=modify,
                                  access_and_evict_config=cfg)

@@ -17,6 +17,7 @@ import dynemb
 from dynemb import _lib
 from dynemb.graph.modifier import get_initializer, modify_graph_and_start_emb_cache
 from dynemb.optimizers import adagrad, lazy_adam
+from estimator_models import cmp_model_fn
 from table_export import export_sorted as _export
 
 N, BATCH, STEPS = 240, 12, 20
@@ -140,30 +141,6 @@ def _est_input_fn():
     return tf.compat.v1.data.Dataset.from_tensor_slices(({"ids": ids}, y)).batch(16)
 
 
-def _est_model_fn(ssd_dir):
-    def model_fn(features, labels, mode):
-        opt = adagrad.create_hash_optimizer(learning_rate=0.1, initial_accumulator_value=0.1)
-        tiers = ({} if ssd_dir is None else
-                 {"device_vocabulary_size": 0, "host_vocabulary_size": 10,
-                  "ssd_vocabulary_size": 1000, "ssd_data_path": ssd_dir})
-        t = dynemb.create_table(tf.int64, 4, "est_tier", tf.compat.v1.random_uniform_initializer(
-            -0.05, 0.05, seed=2), optimizer_list=[opt], **tiers)
-        e = dynemb.sparse_lookup(t, features["ids"], is_train=mode == tf.estimator.ModeKeys.TRAIN)
-        w = tf.compat.v1.get_variable("w", [4, 1], initializer=tf.compat.v1.ones_initializer())
-        logits = tf.matmul(tf.reduce_sum(e, 1), w)
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
-                                                                      logits=logits))
-        if mode == tf.estimator.ModeKeys.EVAL:
-            return tf.estimator.EstimatorSpec(mode, loss=loss)
-        dense, sparse = dynemb.get_dense_and_sparse_variable()
-        train_op = tf.group(
-            tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, var_list=dense),
-            opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse),
-                                global_step=tf.compat.v1.train.get_global_step()))
-        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
-    return model_fn
-
-
 def test_estimator_checkpoints_a_tiered_table(tmp_path):
     # Estimator's checkpoints (Saver) hold the tiered table's rows in
     # <checkpoint>.dynemb; evaluation in a fresh process state restores them
@@ -172,8 +149,11 @@ def test_estimator_checkpoints_a_tiered_table(tmp_path):
     for tiered in (False, True):
         dynemb.clear_tables()
         model_dir = tmp_path / ("tiered" if tiered else "memory")
-        est = tf.estimator.Estimator(
-            _est_model_fn(str(tmp_path / "ssd") if tiered else None), model_dir=str(model_dir))
+        tiers = ({"device_vocabulary_size": 0, "host_vocabulary_size": 10,
+                  "ssd_vocabulary_size": 1000, "ssd_data_path": str(tmp_path / "ssd")}
+                 if tiered else None)
+        est = tf.estimator.Estimator(cmp_model_fn(name="est_tier", tiers=tiers),
+                                     model_dir=str(model_dir))
         est.train(_est_input_fn, steps=4)
         dynemb.clear_tables()  # as a new process would start
         evals[tiered] = est.evaluate(_est_input_fn, steps=2)["loss"]
