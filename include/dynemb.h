@@ -490,6 +490,25 @@ DYNEMB_API int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
                                       uint32_t shard_index,
                                       uint32_t shard_count);
 
+/* Options of dynemb_checkpoint_load_with. */
+typedef struct dynemb_load_options {
+  /* >= 0 (at most 2^32 - 1): the last access every loaded row gets instead
+   * of the saved one, so that a warm start's rows start fresh for eviction;
+   * < 0: as saved. */
+  int64_t stamp;
+  /* nonzero: admission candidates are not loaded (a warm start takes
+   * trained rows only). */
+  int rows_only;
+} dynemb_load_options;
+
+/* dynemb_checkpoint_load with options (`opts` NULL: none). Errors as
+ * dynemb_checkpoint_load, and EINVAL for a stamp above 2^32 - 1. */
+DYNEMB_API int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
+                                           const char *name_in_ckpt,
+                                           unsigned flags, uint32_t shard_index,
+                                           uint32_t shard_count,
+                                           const dynemb_load_options *opts);
+
 /* What a checkpoint holds, per table. */
 typedef struct dynemb_ckpt_entry {
   char *name;

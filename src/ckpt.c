@@ -643,7 +643,7 @@ size_t dynemb_ckpt_load_chunk_rows = 0;
  * later failure (disk, memory) leaves the rows imported so far. */
 static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
                          dynemb_table *t, unsigned flags, uint32_t shard_index,
-                         uint32_t shard_count) {
+                         uint32_t shard_count, const dynemb_load_options *o) {
   dynemb_ckpt_header h;
   int rc = dir_read_table(d, e, 0, &h, NULL, NULL); /* verify everything */
   if (rc) return rc;
@@ -656,7 +656,8 @@ static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
     dynemb_ckpt_header_free(&h);
     return rc;
   }
-  const size_t rows = (size_t)h.rows, cands = (size_t)h.candidates;
+  const size_t rows = (size_t)h.rows;
+  const size_t cands = o && o->rows_only ? 0 : (size_t)h.candidates;
   const size_t rf = (size_t)h.row_floats;
   /* section data offsets (docs/checkpoint-format.md): each section is a
    * 16-byte head, the data and a 4-byte CRC */
@@ -691,6 +692,10 @@ static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
   if (!rc) rc = read_elems(fd, ck_off, cands, 8, s.cand_keys, blk, what);
   if (!rc) rc = read_elems(fd, cc_off, cands, 4, s.cand_counts, blk, what);
   if (!rc) rc = read_elems(fd, cl_off, cands, 4, s.cand_last_access, blk, what);
+  if (!rc && o && o->stamp >= 0) {
+    for (size_t i = 0; i < rows; i++) last[i] = (uint32_t)o->stamp;
+    for (size_t i = 0; i < cands; i++) s.cand_last_access[i] = (uint32_t)o->stamp;
+  }
   s.candidates = cands;
   for (size_t first = 0; !rc && (first < rows || first == 0); first += chunk) {
     size_t n = rows - first < chunk ? rows - first : chunk;
@@ -724,9 +729,23 @@ static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
 int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
                            const char *name_in_ckpt, unsigned flags,
                            uint32_t shard_index, uint32_t shard_count) {
+  return dynemb_checkpoint_load_with(dir, t, name_in_ckpt, flags, shard_index,
+                                     shard_count, NULL);
+}
+
+int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
+                                const char *name_in_ckpt, unsigned flags,
+                                uint32_t shard_index, uint32_t shard_count,
+                                const dynemb_load_options *opts) {
   dynemb_error_clear();
   if (!t)
     return dynemb_error_set(DYNEMB_EINVAL, "checkpoint load: table is NULL");
+  if (opts && opts->stamp > (int64_t)UINT32_MAX)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "checkpoint load into table '%s': stamp %lld is "
+                            "above 2^32 - 1; pass a time in the table's unit "
+                            "(or -1 to keep the saved ones)",
+                            dynemb_table_name(t), (long long)opts->stamp);
   const char *tname = dynemb_table_name(t);
   const char *name = name_in_ckpt ? name_in_ckpt : tname;
   if (shard_count > 1 && shard_index >= shard_count)
@@ -753,7 +772,7 @@ int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
       dynemb_ckpt_header_free(&h);
     }
     if (!rc) {
-      rc = load_streamed(&d, e, t, flags, shard_index, shard_count);
+      rc = load_streamed(&d, e, t, flags, shard_index, shard_count, opts);
       if (rc) {
         char msg[WHAT_MAX];
         what_fmt(msg, "%s", dynemb_last_error());
@@ -774,6 +793,12 @@ int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
                           "with dim %d",
                           dir, name, snap.dim, tname, dim, snap.dim);
   } else {
+    if (opts && opts->rows_only) snap.candidates = 0; /* (freed by pointer) */
+    if (opts && opts->stamp >= 0) {
+      for (size_t i = 0; i < snap.rows; i++) snap.last_access[i] = (uint32_t)opts->stamp;
+      for (size_t i = 0; i < snap.candidates; i++)
+        snap.cand_last_access[i] = (uint32_t)opts->stamp;
+    }
     rc = dynemb_table_import(t, &snap, flags, shard_index, shard_count);
     if (rc) {
       char msg[WHAT_MAX];

@@ -33,6 +33,10 @@
  *                 values [rows, row_floats], last_access, cand_keys,
  *                 cand_counts, cand_last_access, apply_steps (scalar)
  *   DynembImport  the same eight tensors -> size int64 scalar (rows after)
+ *   DynembLoadCheckpoint stamp int64 scalar (-1: keep the saved times) ->
+ *                 size int64 scalar: dynemb_checkpoint_load_with of table
+ *                 attr source_name from engine checkpoint attr dir (warm
+ *                 start of tables with an SSD tier)
  *   DynembStats   -> int64 [20] (dynemb_table_stats, in field order)
  *
  * Facts about TF 2.15.1's C API verified while writing this file:
@@ -136,7 +140,9 @@ typedef struct kstate {
   int use_visible;    /* lookup: use input `visible` (set by graph rewrites) */
   int use_hints;      /* lookup: use input `hints`; apply: `allowed` holds
                          one row hint per key (set by graph rewrites) */
-  int64_t shard_index, shard_count, flags; /* import only */
+  int64_t shard_index, shard_count, flags; /* import, load only */
+  char *dir, *source_name; /* load only: checkpoint directory, table in it */
+  int rows_only;           /* load only */
 } kstate;
 
 static char *get_string_attr(TF_OpKernelConstruction *c, const char *attr,
@@ -242,9 +248,31 @@ static void *create_import(TF_OpKernelConstruction *c) {
   return create_common(c, NULL, 1);
 }
 
+/* DynembLoadCheckpoint: the import attrs, the checkpoint's directory and
+ * table name, and rows_only. */
+static void *create_load(TF_OpKernelConstruction *c) {
+  kstate *k = create_common(c, NULL, 1);
+  if (!k) return NULL;
+  TF_Status *st = TF_NewStatus();
+  k->dir = get_string_attr(c, "dir", st);
+  if (k->dir) k->source_name = get_string_attr(c, "source_name", st);
+  if (!k->source_name) { /* (st says why) */
+    TF_OpKernelConstruction_Failure(c, st);
+    delete_state(k);
+    k = NULL;
+  }
+  TF_DeleteStatus(st);
+  return with_bools(c, k, (const char *const[]){"rows_only", NULL},
+                    k ? (int *const[]){&k->rows_only} : NULL);
+}
+
 static void delete_state(void *p) {
   kstate *k = p;
-  if (k) free(k->table_name);
+  if (k) {
+    free(k->table_name);
+    free(k->dir);
+    free(k->source_name);
+  }
   free(k);
 }
 
@@ -703,6 +731,32 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
+/* DynembLoadCheckpoint                                                      */
+/* ------------------------------------------------------------------------ */
+
+static void load_compute(void *p, TF_OpKernelContext *ctx) {
+  const kstate *k = p;
+  TF_Tensor *stampt = NULL;
+  dynemb_table *t = NULL;
+  if (!(stampt = input(ctx, 0))) goto done;
+  dynemb_load_options o = {-1, k->rows_only};
+  if (scalar_i64(ctx, stampt, "load", "stamp", &o.stamp)) goto done;
+  if (!(t = find_table(ctx, k, "load"))) goto done;
+  int rc = dynemb_checkpoint_load_with(k->dir, t, k->source_name,
+                                       (unsigned)k->flags,
+                                       (uint32_t)k->shard_index,
+                                       (uint32_t)k->shard_count, &o);
+  if (rc != DYNEMB_OK) {
+    fail_engine(ctx, rc, "load");
+    goto done;
+  }
+  set_scalar_output(ctx, 0, (int64_t)dynemb_table_size(t));
+done:
+  if (stampt) TF_DeleteTensor(stampt);
+  dynemb_table_release(t);
+}
+
+/* ------------------------------------------------------------------------ */
 /* DynembStats                                                               */
 /* ------------------------------------------------------------------------ */
 
@@ -808,6 +862,12 @@ __attribute__((constructor)) static void dynemb_register_ops(void) {
                    "cand_counts: int64", "cand_last_access: int64",
                    "apply_steps: int64"),
               LIST("size: int64"), create_import, import_compute);
+  register_op("DynembLoadCheckpoint",
+              LIST("table_name: string", "shard_index: int = 0",
+                   "shard_count: int = 1", "flags: int = 1", "dir: string",
+                   "source_name: string", "rows_only: bool = false"),
+              LIST("stamp: int64"), LIST("size: int64"), create_load,
+              load_compute);
   register_op("DynembStats", LIST("table_name: string"), NULL,
               LIST("stats: int64"), create_plain, stats_compute);
 }

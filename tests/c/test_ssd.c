@@ -274,6 +274,25 @@ static void test_checkpoint_candidates_streamed(void) {
   CHECK(x.apply_steps == 6 && y.apply_steps == 6);
   dynemb_snapshot_free(&x);
   dynemb_snapshot_free(&y);
+  /* warm-start options, streamed (tiered) and whole (plain): rows only,
+   * every row stamped 77 */
+  dynemb_table *c = make("cand_plain", DYNEMB_OPT_ADAM, 0, 4);
+  dynemb_load_options o = {77, 1};
+  for (int tiered = 0; tiered < 2; tiered++) {
+    dynemb_table *dst = tiered ? b : c;
+    dynemb_ckpt_load_chunk_rows = 5;
+    CHECK_OK(dynemb_checkpoint_load_with(dir, dst, "cand_src", DYNEMB_IMPORT_REPLACE,
+                                         0, 0, &o));
+    dynemb_ckpt_load_chunk_rows = 0;
+    CHECK_OK(dynemb_table_snapshot(dst, &y));
+    int stamped = 1;
+    for (size_t i = 0; i < y.rows; i++) stamped &= y.last_access[i] == 77;
+    CHECK(y.rows == st.size && y.candidates == 0 && stamped);
+    dynemb_snapshot_free(&y);
+  }
+  o.stamp = (int64_t)1 << 32;
+  CHECK(dynemb_checkpoint_load_with(dir, c, "cand_src", 0, 0, 0, &o) == DYNEMB_EINVAL);
+  dynemb_table_release(c);
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   CHECK(system(cmd) == 0);

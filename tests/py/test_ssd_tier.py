@@ -164,21 +164,42 @@ def test_estimator_checkpoints_a_tiered_table(tmp_path):
     assert evals[True] == evals[False]
 
 
-def test_warm_start_from_a_tiered_checkpoint_names_the_workaround(tmp_path):
-    t = dynemb.create_table(tf.int64, 2, "ws_src", tf.compat.v1.zeros_initializer(),
-                            host_vocabulary_size=2, device_vocabulary_size=0,
-                            ssd_vocabulary_size=100, ssd_data_path=str(tmp_path / "ssd"))
+@pytest.mark.parametrize("into_tiered", [False, True], ids=["into_memory", "into_tiered"])
+def test_warm_start_from_a_tiered_checkpoint(tmp_path, into_tiered):
+    # a Saver checkpoint of a tiered table (rows in <prefix>.dynemb) warm-starts
+    # a table (renamed, tiered or not): the embeddings come back, the optimizer
+    # slots start afresh, as warm start does for ordinary checkpoints
+    tiers = {"host_vocabulary_size": 3, "device_vocabulary_size": 0,
+             "ssd_vocabulary_size": 100, "ssd_data_path": str(tmp_path / "ssd")}
+    opt = adagrad.create_hash_optimizer(learning_rate=0.5)
+    t = dynemb.create_table(tf.int64, 2, "ws_src", tf.compat.v1.random_normal_initializer(seed=5),
+                            optimizer_list=[opt], **tiers)
     ids = tf.compat.v1.placeholder(tf.int64, [None])
     out = dynemb.sparse_lookup(t, ids)
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    train = opt.apply_gradients(zip(tf.gradients(tf.reduce_sum(out), sparse), sparse))
     tf.compat.v1.train.get_or_create_global_step()
     saver = tf.compat.v1.train.Saver()
     with tf.compat.v1.Session() as s:
         s.run(tf.compat.v1.global_variables_initializer())
-        s.run(out, {ids: np.arange(10)})
+        s.run(train, {ids: np.arange(12)})
         path = saver.save(s, str(tmp_path / "m"))
+        keys, values = _export("ws_src")
     dynemb.clear_tables()
     with tf.Graph().as_default():
-        dynemb.create_table(tf.int64, 2, "ws_src", tf.compat.v1.zeros_initializer())
+        dst = dynemb.create_table(
+            tf.int64, 2, "ws_dst", tf.compat.v1.zeros_initializer(),
+            optimizer_list=[adagrad.create_hash_optimizer(learning_rate=0.5)],
+            **(dict(tiers, ssd_data_path=str(tmp_path / "ssd2")) if into_tiered else {}))
         tf.compat.v1.train.get_or_create_global_step()
-        with pytest.raises(dynemb.WarmStartError, match="SSD tier.*restore_tables"):
-            dynemb.warm_start(path, vars_to_warm_start="ws_src")
+        op = dynemb.warm_start(path, vars_to_warm_start="ws_dst",
+                               var_name_to_prev_var_name={"ws_dst": "ws_src"})
+        with tf.compat.v1.Session() as s:
+            s.run(tf.compat.v1.global_variables_initializer())
+            s.run(op)
+        k2, v2 = _export("ws_dst")
+        np.testing.assert_array_equal(k2, keys)
+        np.testing.assert_array_equal(v2[:, :2], values[:, :2])  # embeddings
+        assert not np.array_equal(v2[:, 2:], values[:, 2:])  # fresh Adagrad slots
+        st = dst.stats()
+        assert st["size"] == 12 and st["ssd_rows"] == (9 if into_tiered else 0)

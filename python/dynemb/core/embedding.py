@@ -391,15 +391,16 @@ class TableSaveable(saveable_object.SaveableObject):
 
 class TieredTableSaveable(saveable_object.SaveableObject):
     """A table with an SSD tier in a Saver checkpoint: one marker tensor
-    ``dynemb/<table>/tiered`` (the table's name). Its rows go into the
-    directory ``<checkpoint prefix>.dynemb`` when the Saver saves and come back
-    when it restores (dynemb.core.checkpoint), streamed: never all in memory."""
+    ``dynemb/<table>/tiered`` ([dim], for warm start's checks). Its rows go into
+    the directory ``<checkpoint prefix>.dynemb`` when the Saver saves and come
+    back when it restores (dynemb.core.checkpoint), streamed: never all in
+    memory."""
 
     def __init__(self, table: EmbeddingTable):
         self.table_name = table.table_name
         with table.graph.as_default(), table.graph.name_scope(None), \
                 tf.name_scope(_op_name(table.table_name) + "_dynemb_save"):
-            marker = tf.constant(table.table_name, name="tiered")
+            marker = tf.constant([table.dim], tf.int64, name="tiered")
         super().__init__(marker.op, [saveable_object.SaveSpec(
             marker, "", "dynemb/%s/tiered" % table.table_name)], "dynemb/" + table.table_name)
 

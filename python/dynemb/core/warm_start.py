@@ -51,7 +51,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import tensorflow as tf
 from tensorflow.python.training import warm_starting_util
@@ -82,6 +82,7 @@ class _Entry:
     vocab_info: Dict[str, Any]
     prev_names: Dict[str, str]
     ckpt_tables: Dict[str, Tuple[int, ...]] = field(default_factory=dict)  # name -> meta
+    ckpt_tiered: Set[str] = field(default_factory=set)  # rows in <prefix>.dynemb
 
 
 @dataclass
@@ -163,25 +164,29 @@ def _entries(ckpt: Any, vars_to_warm_start: Any, vocab_info: Any,
                                      f"{type(d).__name__}")
         e = _Entry(given=str(path), prefix=_resolve_path(path), vars_to_warm_start=v,
                    vocab_info=dict(vocab or {}), prev_names=dict(prev or {}))
-        e.ckpt_tables = _checkpoint_tables(e.prefix)
+        e.ckpt_tables, e.ckpt_tiered = _checkpoint_tables(e.prefix)
         out.append(e)
     return out
 
 
-def _checkpoint_tables(prefix: str) -> Dict[str, Tuple[int, ...]]:
-    """Tables saved in a checkpoint: name -> meta (dim, row_floats, optimizer)."""
+def _checkpoint_tables(prefix: str) -> Tuple[Dict[str, Tuple[int, ...]], Set[str]]:
+    """Tables saved in a checkpoint: name -> meta (dim, row_floats, optimizer;
+    only dim for tables with an SSD tier), and the names of those, whose rows
+    are in <prefix>.dynemb (embedding.TieredTableSaveable)."""
     try:
         reader = tf.train.load_checkpoint(prefix)
     except (tf.errors.OpError, ValueError) as e:
         raise WarmStartError(f"warm start: cannot read checkpoint '{prefix}': {e}") from None
-    out = {}
+    out, tiered = {}, set()
     for name in reader.get_variable_to_shape_map():
         if name.startswith("dynemb/") and name.endswith("/meta"):
             out[name[len("dynemb/"):-len("/meta")]] = tuple(
                 int(x) for x in reader.get_tensor(name))
         elif name.startswith("dynemb/") and name.endswith("/tiered"):
-            out[name[len("dynemb/"):-len("/tiered")]] = ()  # rows in <prefix>.dynemb
-    return out
+            table = name[len("dynemb/"):-len("/tiered")]
+            out[table] = tuple(int(x) for x in reader.get_tensor(name))
+            tiered.add(table)
+    return out, tiered
 
 
 # --------------------------------------------------------------------------
@@ -256,13 +261,6 @@ def _check_in_checkpoint(entry: _Entry, table: embedding.EmbeddingTable, prev: s
             f"'{entry.prefix}'; tables there: {sorted(entry.ckpt_tables) or 'none'}. Select "
             f"only tables that checkpoint holds, or map the name with "
             f"var_name_to_prev_var_name={{'{table.table_name}': '<name in checkpoint>'}}")
-    if not entry.ckpt_tables[prev]:
-        raise WarmStartError(
-            f"warm start: table '{prev}' in checkpoint '{entry.prefix}' had an SSD tier: its "
-            f"rows are in '{entry.prefix}.dynemb', which warm start does not read yet; load "
-            f"them with dynemb.restore_tables('{entry.prefix}.dynemb', ['{table.table_name}'], "
-            f"name_map={{'{table.table_name}': '{prev}'}}, embedding_only=True) after "
-            f"initialization instead")
     dim = entry.ckpt_tables[prev][0]
     if dim != table.dim:
         raise WarmStartError(
@@ -290,6 +288,14 @@ def _stamp(table: embedding.EmbeddingTable, graph: tf.Graph) -> Optional[tf.Tens
 def _import_op(table: embedding.EmbeddingTable, src: _TableSource, graph: tf.Graph) -> tf.Operation:
     names = [f"dynemb/{src.prev_name}/{f}" for f in embedding.EXPORT_FIELDS]
     scope = embedding._op_name(table.table_name) + "_warm_start"  # pylint: disable=protected-access
+    flags = _lib.IMPORT_REPLACE | _lib.IMPORT_EMBEDDING_ONLY | _lib.IMPORT_KEEP_STEPS
+    if src.prev_name in src.entry.ckpt_tiered:  # rows in the engine's files, streamed
+        with tf.name_scope(scope):
+            stamp = _stamp(table, graph)
+            return _lib.ops.dynemb_load_checkpoint(
+                stamp=tf.constant(-1, tf.int64) if stamp is None else stamp,
+                table_name=table.table_name, dir=src.entry.prefix + ".dynemb",
+                source_name=src.prev_name, flags=flags, rows_only=True).op
     with tf.name_scope(scope):
         with tf.device("/cpu:0"):
             got = tf.raw_ops.RestoreV2(prefix=src.entry.prefix, tensor_names=names,
@@ -299,7 +305,6 @@ def _import_op(table: embedding.EmbeddingTable, src: _TableSource, graph: tf.Gra
         stamp = _stamp(table, graph)
         last = t["last_access"] if stamp is None else tf.fill(tf.shape(t["keys"]), stamp)
         empty = tf.zeros([0], tf.int64)
-        flags = _lib.IMPORT_REPLACE | _lib.IMPORT_EMBEDDING_ONLY | _lib.IMPORT_KEEP_STEPS
         return _lib.ops.dynemb_import(
             table_name=table.table_name, flags=flags, meta=t["meta"], keys=t["keys"],
             values=t["values"], last_access=last, cand_keys=empty, cand_counts=empty,
