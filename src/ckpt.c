@@ -607,10 +607,11 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off) {
   return 0;
 }
 
-/* Reads n little-endian elements of `eb` bytes (8: int64, 4: uint32 or
- * float bits) at `off` into `out`, through a block-sized buffer. */
-static int read_elems(int fd, uint64_t off, size_t n, size_t eb, void *out,
-                      unsigned char *blk, const char *what) {
+/* Reads n little-endian elements of `eb` bytes (8: int64, 4: uint32, or
+ * 4 with `is_float`: float bits) at `off` into `out`, through a
+ * block-sized buffer. */
+static int read_elems(int fd, uint64_t off, size_t n, size_t eb, int is_float,
+                      void *out, unsigned char *blk, const char *what) {
   size_t per = DYNEMB_CKPT_BLOCK / eb;
   for (size_t done = 0; done < n;) {
     size_t k = n - done < per ? n - done : per;
@@ -619,10 +620,14 @@ static int read_elems(int fd, uint64_t off, size_t n, size_t eb, void *out,
       return dynemb_error_set(DYNEMB_EIO, "%s: read failed: %s", what,
                               e < 0 ? "unexpected end of file" : strerror(e));
     for (size_t i = 0; i < k; i++) {
-      if (eb == 8)
+      if (eb == 8) {
         ((uint64_t *)out)[done + i] = dynemb_le_get64(blk + 8 * i);
-      else
+      } else if (is_float) {
+        uint32_t u = dynemb_le_get32(blk + 4 * i);
+        memcpy((float *)out + done + i, &u, 4);
+      } else {
         ((uint32_t *)out)[done + i] = dynemb_le_get32(blk + 4 * i);
+      }
     }
     done += k;
   }
@@ -687,11 +692,11 @@ static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
       !s.cand_last_access || !blk)
     rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory for the keys of "
                           "%zu rows", what, rows);
-  if (!rc) rc = read_elems(fd, keys_off, rows, 8, keys, blk, what);
-  if (!rc) rc = read_elems(fd, last_off, rows, 4, last, blk, what);
-  if (!rc) rc = read_elems(fd, ck_off, cands, 8, s.cand_keys, blk, what);
-  if (!rc) rc = read_elems(fd, cc_off, cands, 4, s.cand_counts, blk, what);
-  if (!rc) rc = read_elems(fd, cl_off, cands, 4, s.cand_last_access, blk, what);
+  if (!rc) rc = read_elems(fd, keys_off, rows, 8, 0, keys, blk, what);
+  if (!rc) rc = read_elems(fd, last_off, rows, 4, 0, last, blk, what);
+  if (!rc) rc = read_elems(fd, ck_off, cands, 8, 0, s.cand_keys, blk, what);
+  if (!rc) rc = read_elems(fd, cc_off, cands, 4, 0, s.cand_counts, blk, what);
+  if (!rc) rc = read_elems(fd, cl_off, cands, 4, 0, s.cand_last_access, blk, what);
   if (!rc && o && o->stamp >= 0) {
     for (size_t i = 0; i < rows; i++) last[i] = (uint32_t)o->stamp;
     for (size_t i = 0; i < cands; i++) s.cand_last_access[i] = (uint32_t)o->stamp;
@@ -699,8 +704,8 @@ static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
   s.candidates = cands;
   for (size_t first = 0; !rc && (first < rows || first == 0); first += chunk) {
     size_t n = rows - first < chunk ? rows - first : chunk;
-    rc = read_elems(fd, vals_off + 4 * (uint64_t)first * rf, n * rf, 4, vals,
-                    blk, what);
+    rc = read_elems(fd, vals_off + 4 * (uint64_t)first * rf, n * rf, 4, 1,
+                    vals, blk, what);
     if (rc) break;
     s.rows = n;
     s.keys = keys + first;

@@ -110,9 +110,10 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
 # --------------------------------------------------------------------------
 
 def _tiered_tables(graph: tf.Graph) -> list[str]:
-    from dynemb.core.embedding import graph_state
-    return sorted(t.table_name for t in graph_state(graph).tables.values()
-                  if t.is_save and t.tiered)
+    from dynemb.core.embedding import _STATES  # (no state made for other graphs)
+    st = _STATES.get(graph)
+    return sorted(t.table_name for t in st.tables.values()
+                  if t.is_save and t.tiered) if st is not None else []
 
 
 def _checkpoint_path(saver: Any, sess: Any, save_path: str, global_step: Any) -> str:
