@@ -167,14 +167,19 @@ def build_dynemb(tf, cfg: Dict) -> Dict:
     sparse_opt = adagrad.create_hash_optimizer(learning_rate=0.05, initial_accumulator_value=0.1)
     access = {"access_threshold": cfg["access_threshold"], "eviction_threshold": 0}
     modify = cfg.get("dynemb_mode", "modify_graph") == "modify_graph"
+    # --ssd-memory-rows N: every table keeps N rows in memory, the rest in an
+    # SSD tier file (docs/ssd-tier.md) in a temporary directory
+    tiers = ({} if not cfg.get("ssd_memory_rows") else
+             {"device_vocabulary_size": 0, "host_vocabulary_size": cfg["ssd_memory_rows"],
+              "ssd_vocabulary_size": 1 << 24, "ssd_data_path": cfg["ssd_dir"]})
     deep = []
     for i, name in enumerate(CAT_NAMES):
         table = dynemb.create_table(tf.int64, cfg["dim"], name, emb_init(tf, cfg["seed"], i),
-                                    optimizer_list=[sparse_opt])
+                                    optimizer_list=[sparse_opt], **tiers)
         deep.append(dynemb.sparse_lookup(table, features[name], is_train=True, modify_graph=modify,
                                          access_and_evict_config=access, name=f"{name}_lookup"))
     wide = dynemb.create_table(tf.int64, 1, "wide", tf.compat.v1.zeros_initializer(),
-                               optimizer_list=[sparse_opt])
+                               optimizer_list=[sparse_opt], **tiers)
     wide_w = dynemb.sparse_lookup(wide, field_aware_ids(tf, features), is_train=True,
                                   modify_graph=modify, access_and_evict_config=access,
                                   name="wide_lookup")
@@ -393,6 +398,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rows of the native wide table")
     p.add_argument("--intra-threads", type=int, default=0, help="TF intra-op threads (0: auto)")
     p.add_argument("--inter-threads", type=int, default=0, help="TF inter-op threads (0: auto)")
+    p.add_argument("--ssd-memory-rows", type=int, default=0, metavar="N",
+                   help="dynemb variant: each table keeps N rows in memory and the rest in "
+                        "an SSD tier file in a temporary directory (0: no tier)")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--tfra-python", default=TFRA_VENV_PY)
     p.add_argument("--seed", type=int, default=1)
@@ -457,7 +465,8 @@ def main(argv=None) -> int:
             "native_buckets": args.native_buckets,
             "native_wide_buckets": args.native_wide_buckets,
             "intra_threads": args.intra_threads, "inter_threads": args.inter_threads,
-            "profile": None, "profile_steps": args.profile_steps}
+            "profile": None, "profile_steps": args.profile_steps,
+            "ssd_memory_rows": args.ssd_memory_rows, "ssd_dir": os.path.join(tmp, "ssd")}
     try:
         runs, tfra_note = measure(args, base, variants, tfra_note)
     finally:
@@ -551,6 +560,7 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
             "batch_size": args.batch_size, "dim": args.dim, "steps": args.steps,
             "warmup_steps": args.warmup, "repeats": args.repeats, "statistic": "median",
             "dynemb_access_threshold": args.access_threshold, "dynemb_mode": args.dynemb_mode,
+            "dynemb_ssd_memory_rows": args.ssd_memory_rows or None,
             "native_buckets": args.native_buckets,
             "native_wide_buckets": args.native_wide_buckets,
             "sparse_optimizer": "Adagrad(lr=0.05, initial_accumulator_value=0.1)",

@@ -213,6 +213,7 @@ int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out) {
     dynemb_index_init(&sh->rows, stagger);
     dynemb_index_init(&sh->cands, stagger);
     dynemb_arena_init(&sh->arena, emb_f, slot_f, &t->pool, &t->slot_pool);
+    sh->rng = UINT64_C(0x9e3779b97f4a7c15) * (s + 1);
   }
   pthread_rwlockattr_destroy(&attr);
   if (cfg->ssd_vocabulary_size) {
@@ -249,6 +250,8 @@ void dynemb_table_destroy(dynemb_table *t) {
       dynemb_index_free(&sh->rows);
       dynemb_index_free(&sh->cands);
       dynemb_arena_free(&sh->arena);
+      free(sh->slot_key);
+      free(sh->slot_used);
       pthread_rwlock_destroy(&sh->lock);
     }
     free(t->shards);
@@ -483,8 +486,49 @@ static inline int on_host(uint32_t loc) {
   return DYNEMB_LOC_TIER(loc) == DYNEMB_TIER_HOST;
 }
 
-#define VICTIM_SAMPLE 8  /* cold host rows compared for each one moved */
-#define VICTIM_SCAN 4096 /* index entries looked at for each one, at most */
+#define VICTIM_SAMPLE 8 /* rows in memory compared for each one moved */
+#define VICTIM_SCAN 128 /* index entries looked at for them first */
+#define VICTIM_TRIES 64 /* then random host slots, before a walk */
+
+/* The host slots' keys (table.h, dynemb_shard.slot_key) of a table with an
+ * SSD tier: room for slots [0, n). */
+static int slots_reserve(dynemb_shard *sh, uint64_t n) {
+  if (n <= sh->slot_cap) return DYNEMB_OK;
+  uint64_t cap = sh->slot_cap ? sh->slot_cap : 64;
+  while (cap < n) cap *= 2;
+  int64_t *k = realloc(sh->slot_key, cap * sizeof *k);
+  if (!k) return DYNEMB_ENOMEM;
+  sh->slot_key = k;
+  uint8_t *u = realloc(sh->slot_used, cap);
+  if (!u) return DYNEMB_ENOMEM;
+  memset(u + sh->slot_cap, 0, cap - sh->slot_cap);
+  sh->slot_used = u;
+  sh->slot_cap = cap;
+  return DYNEMB_OK;
+}
+
+/* Host slot `slot` of shard `sh` now holds `key` (tables with an SSD tier;
+ * others keep no slot keys). ENOMEM leaves nothing changed. */
+static int slot_taken(const dynemb_table *t, dynemb_shard *sh, uint32_t slot,
+                      int64_t key) {
+  if (!dynemb_ssd_on(&t->ssd)) return DYNEMB_OK;
+  int rc = slots_reserve(sh, (uint64_t)slot + 1);
+  if (rc) return rc;
+  sh->slot_key[slot] = key;
+  sh->slot_used[slot] = 1;
+  return DYNEMB_OK;
+}
+
+static void slot_freed(dynemb_shard *sh, uint32_t slot) {
+  if (slot < sh->slot_cap) sh->slot_used[slot] = 0;
+}
+
+static inline uint64_t shard_rand(dynemb_shard *sh) { /* xorshift64 */
+  sh->rng ^= sh->rng << 13;
+  sh->rng ^= sh->rng >> 7;
+  sh->rng ^= sh->rng << 17;
+  return sh->rng;
+}
 
 static int full_error(const dynemb_table *t) {
   return dynemb_error_set(
@@ -497,28 +541,53 @@ static int full_error(const dynemb_table *t) {
 }
 
 /* Moves one row of shard `sh` (write-locked) from host memory to the SSD
- * tier: the least recently accessed of up to VICTIM_SAMPLE host rows met
- * after the shard's hand, never `keep` (may be NULL). *moved = 0 when the
- * shard has no such row. Each move bumps the shard's generation, so every
- * hint made before it goes stale: a hint can never name a slot whose row
- * has moved. Errors: ECAPACITY (the SSD tier is full; no message), EIO. */
+ * tier: the least recently accessed of up to VICTIM_SAMPLE rows in memory
+ * met in the index after the shard's hand (VICTIM_SCAN entries) or, where
+ * they are rare there, drawn at random among the host slots (VICTIM_TRIES
+ * draws, then a walk over the slots), never `keep` (may be NULL).
+ * *moved = 0 when the shard has no such row. Each move bumps the
+ * shard's generation, so every hint made before it goes stale: a hint can
+ * never name a slot whose row has moved. Errors: ECAPACITY (the SSD tier
+ * is full; no message), EIO. */
 static int demote_one(dynemb_table *t, dynemb_shard *sh,
                       const dynemb_index_entry *keep, int *moved) {
   *moved = 0;
-  dynemb_index *ix = &sh->rows;
-  if (!ix->count || ix->cap_f <= 0) return DYNEMB_OK;
-  const uint64_t cap = ix->cap;
-  uint64_t i = sh->hand < cap ? sh->hand : 0;
+  const uint64_t n = sh->arena.slots < sh->slot_cap ? sh->arena.slots
+                                                    : sh->slot_cap;
+  if (!n || !sh->rows.count) return DYNEMB_OK;
   dynemb_index_entry *best = NULL;
   int seen = 0;
-  for (uint64_t k = 0; k < cap && k < VICTIM_SCAN && seen < VICTIM_SAMPLE; k++) {
+  /* 1. the index entries after the shard's hand: where rows in memory are
+   * not rare, they are met within a few cache lines */
+  dynemb_index *ix = &sh->rows;
+  uint64_t i = sh->hand < ix->cap ? sh->hand : 0;
+  for (uint64_t k = 0; k < VICTIM_SCAN && k < ix->cap && seen < VICTIM_SAMPLE; k++) {
     dynemb_index_entry *e = ix->slots + i;
-    if (++i == cap) i = 0;
+    if (++i == ix->cap) i = 0;
     if (e->loc == DYNEMB_LOC_EMPTY || !on_host(e->loc) || e == keep) continue;
     seen++;
     if (!best || LOAD(&e->last_access) < LOAD(&best->last_access)) best = e;
   }
   sh->hand = i;
+  /* 2. where they are rare: host slots drawn at random, then a walk from a
+   * random slot over all of them (so a row in memory is always found) */
+  uint64_t walk = shard_rand(sh) % n;
+  for (uint64_t k = 0; k < VICTIM_TRIES + n && seen < VICTIM_SAMPLE; k++) {
+    uint64_t slot;
+    if (k < VICTIM_TRIES) {
+      slot = shard_rand(sh) % n;
+    } else {
+      slot = walk;
+      if (++walk == n) walk = 0;
+    }
+    if (!sh->slot_used[slot]) continue;
+    const int64_t key = sh->slot_key[slot];
+    dynemb_index_entry *e =
+        dynemb_index_find(&sh->rows, key, dynemb_hash_key(key));
+    if (!e || e == keep || !on_host(e->loc)) continue;
+    seen++;
+    if (!best || LOAD(&e->last_access) < LOAD(&best->last_access)) best = e;
+  }
   if (!best) return DYNEMB_OK;
   uint32_t rec = 0;
   int rc = dynemb_ssd_alloc(&t->ssd, &rec);
@@ -532,6 +601,7 @@ static int demote_one(dynemb_table *t, dynemb_shard *sh,
   }
   sh->gen++;
   dynemb_arena_release(&sh->arena, slot);
+  slot_freed(sh, slot);
   best->loc = DYNEMB_LOC(DYNEMB_TIER_SSD, rec);
   ADD(&t->rows_total, (uint64_t)-1);
   *moved = 1;
@@ -584,12 +654,15 @@ static int make_room(dynemb_table *t, dynemb_shard *sh,
 static int promote(dynemb_table *t, dynemb_shard *sh, dynemb_index_entry *e) {
   uint32_t slot = 0;
   int rc = dynemb_arena_alloc(&sh->arena, &slot);
+  if (!rc && (rc = slot_taken(t, sh, slot, e->key)))
+    dynemb_arena_release(&sh->arena, slot);
   if (rc) return insert_error(t, rc);
   const uint32_t rec = DYNEMB_LOC_SLOT(e->loc);
   rc = dynemb_ssd_read(&t->ssd, rec, dynemb_arena_row(&sh->arena, slot),
                        t->slots ? dynemb_arena_slots(&sh->arena, slot) : NULL);
   if (rc) {
     dynemb_arena_release(&sh->arena, slot);
+    slot_freed(sh, slot);
     return rc;
   }
   dynemb_ssd_release(&t->ssd, rec);
@@ -622,6 +695,8 @@ static int insert_row(dynemb_table *t, dynemb_shard *sh, int64_t key,
   int rc = dynemb_index_reserve_spare(&sh->rows, sh->rows.count + 1, spare);
   uint32_t slot = 0;
   if (!rc) rc = dynemb_arena_alloc(&sh->arena, &slot);
+  if (!rc && (rc = slot_taken(t, sh, slot, key)))
+    dynemb_arena_release(&sh->arena, slot);
   if (rc) {
     if (budget) ADD(&t->rows_total, (uint64_t)-1);
     return insert_error(t, rc);
@@ -1499,11 +1574,11 @@ done:
 /* Eviction and clear                                                        */
 /* ------------------------------------------------------------------------ */
 
-/* Removes entries older than the threshold. For rows (`arena` set), frees
- * their slots in host memory or records of the SSD tier and counts the
- * former in *on_host_removed. */
+/* Removes entries older than the threshold. For rows (`sh` set: the
+ * shard whose rows `ix` indexes), frees their slots in host memory or
+ * records of the SSD tier and counts the former in *on_host_removed. */
 static uint64_t evict_index(dynemb_table *t, dynemb_index *ix,
-                            dynemb_arena *arena, int64_t now,
+                            dynemb_shard *sh, int64_t now,
                             int64_t threshold, uint64_t *on_host_removed) {
   uint64_t removed = 0;
   if (!ix->count) return 0;
@@ -1512,10 +1587,11 @@ static uint64_t evict_index(dynemb_table *t, dynemb_index *ix,
     dynemb_index_entry *e = ix->slots + i;
     if (e->loc != DYNEMB_LOC_EMPTY &&
         now - (int64_t)LOAD(&e->last_access) > threshold) {
-      if (arena && on_host(e->loc)) {
-        dynemb_arena_release(arena, DYNEMB_LOC_SLOT(e->loc));
+      if (sh && on_host(e->loc)) {
+        dynemb_arena_release(&sh->arena, DYNEMB_LOC_SLOT(e->loc));
+        slot_freed(sh, DYNEMB_LOC_SLOT(e->loc));
         (*on_host_removed)++;
-      } else if (arena) {
+      } else if (sh) {
         dynemb_ssd_release(&t->ssd, DYNEMB_LOC_SLOT(e->loc));
       }
       /* backward shift may move an unvisited entry into i: look again */
@@ -1543,7 +1619,7 @@ int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
     dynemb_shard *sh = &t->shards[s];
     pthread_rwlock_wrlock(&sh->lock);
     uint64_t hr = 0;
-    uint64_t r = evict_index(t, &sh->rows, &sh->arena, now, thr, &hr);
+    uint64_t r = evict_index(t, &sh->rows, sh, now, thr, &hr);
     if (r) sh->gen++; /* freed slots may be reused: hints go stale */
     cands += evict_index(t, &sh->cands, NULL, now, thr, NULL);
     if (hr && t->cfg.host_vocabulary_size) ADD(&t->rows_total, (uint64_t)0 - hr);
@@ -1567,6 +1643,7 @@ void dynemb_table_clear(dynemb_table *t) {
     dynemb_index_reset(&sh->rows);
     dynemb_index_reset(&sh->cands);
     dynemb_arena_free(&sh->arena);
+    if (sh->slot_cap) memset(sh->slot_used, 0, sh->slot_cap);
     sh->gen++;
   }
   dynemb_slab_pool_release(&t->pool);
@@ -2046,6 +2123,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
     if (!r && nh_s > free_now)
       r = dynemb_arena_reserve(&sh->arena,
                                dynemb_arena_available(&sh->arena) + (nh_s - free_now));
+    if (!r && ssd) r = slots_reserve(sh, sh->arena.slots); /* slot keys */
     if (r) rc = insert_error(t, r);
   }
   /* 3. apply */
@@ -2057,6 +2135,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
         dynemb_index_clear_keep(&sh->rows);
         dynemb_index_clear_keep(&sh->cands);
         dynemb_arena_clear_keep(&sh->arena);
+        if (sh->slot_cap) memset(sh->slot_used, 0, sh->slot_cap);
       }
       dynemb_ssd_reset(&t->ssd);
     }
@@ -2076,6 +2155,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
         if (host_room) {
           host_room--;
           dynemb_arena_alloc(&sh->arena, &slot); /* reserved: cannot fail */
+          (void)slot_taken(t, sh, slot, key);   /* reserved too */
           e = dynemb_index_insert(&sh->rows, key, h,
                                   DYNEMB_LOC(DYNEMB_TIER_HOST, slot), la);
         } else { /* counted against the SSD tier's size above */

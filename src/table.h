@@ -32,7 +32,14 @@ typedef struct dynemb_shard {
    * their slots: eviction that removed rows, clear, import. A row hint
    * (dynemb_prepare_hints) is valid while it carries the current value. */
   uint32_t gen;
-  uint64_t hand; /* SSD tier: where the next search for a cold row starts */
+  /* SSD tier only: the key of each slot in host memory (slot_used marks
+   * the slots in use), so that a move out samples rows in memory directly,
+   * and the sampler's random state. */
+  int64_t *slot_key;
+  uint8_t *slot_used;
+  uint64_t slot_cap;
+  uint64_t rng;
+  uint64_t hand; /* where the next scan of the index for such rows starts */
 } __attribute__((aligned(64))) dynemb_shard;
 
 struct dynemb_table {
