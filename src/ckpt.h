@@ -121,14 +121,14 @@ typedef struct dynemb_ckpt_rows {
 } dynemb_ckpt_rows;
 
 /* Streams table `name` with contents `snap` to `fd` in the table file
- * format; the values come from snap->values, or from `rows` when it is not
- * NULL (snap->values is then ignored). On success *bytes and *crc hold the
- * file's size and CRC32. `what` (e.g. "checkpoint '/d': file 'x.tmp'")
+ * format; the values come from snap->values, or from `source` when it is
+ * not NULL (snap->values is then ignored). On success *bytes and *crc hold
+ * the file's size and CRC32. `what` (e.g. "checkpoint '/d': file 'x.tmp'")
  * prefixes error messages. Errors: EINVAL (snapshot not writable), EIO,
- * ENOMEM, and those of rows->fn. */
+ * ENOMEM, and those of source->fn. */
 int dynemb_ckpt_table_write(int fd, const char *what, const char *name,
                             const dynemb_snapshot *snap,
-                            const dynemb_ckpt_rows *rows, uint64_t *bytes,
+                            const dynemb_ckpt_rows *source, uint64_t *bytes,
                             uint32_t *crc);
 
 /* Reads and checks only the header (its CRC included). `what` prefixes
