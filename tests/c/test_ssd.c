@@ -309,19 +309,31 @@ static void test_same_results_ftrl(void) { run_pair(DYNEMB_OPT_FTRL, 8); }
 
 /* ---- limits, eviction, clear, failing disk ------------------------------- */
 
+/* A one-shard SGD table of `dim` (rows start uniform in [-1, 1)) with `host`
+ * rows in memory and up to `ssd` on disk; *c keeps the configuration (its
+ * initializer, for references). */
+static dynemb_table *tier_table(const char *name, int dim, uint64_t host,
+                                uint64_t ssd, dynemb_table_config *c) {
+  dynemb_table_config_init(c);
+  c->name = name;
+  c->dim = dim;
+  c->shards = 1;
+  c->init.kind = DYNEMB_INIT_UNIFORM;
+  c->init.a = -1;
+  c->init.b = 1;
+  c->host_vocabulary_size = host;
+  c->ssd_vocabulary_size = ssd;
+  c->ssd_data_path = tmpdir();
+  dynemb_table *t = NULL;
+  CHECK_OK(dynemb_table_create(c, &t));
+  return t;
+}
+
 static void test_full_evict_clear(void) {
   dynemb_table_config c;
-  dynemb_table_config_init(&c);
-  c.name = "small";
-  c.dim = 4;
-  c.shards = 1;
-  c.eviction_threshold = 5;
-  c.host_vocabulary_size = 10;
-  c.ssd_vocabulary_size = 20;
-  c.ssd_data_path = tmpdir();
-  dynemb_table *t = NULL;
-  CHECK_OK(dynemb_table_create(&c, &t));
+  dynemb_table *t = tier_table("small", 4, 10, 20, &c);
   if (!t) return;
+  CHECK_OK(dynemb_table_set_eviction_threshold(t, 5));
   int64_t k[30];
   float out[30 * 4];
   for (int i = 0; i < 30; i++) k[i] = i;
@@ -372,18 +384,7 @@ static void test_full_evict_clear(void) {
  * the memory slots; the budget holds exactly and nothing is lost. */
 static void test_sparse_memory(void) {
   dynemb_table_config c;
-  dynemb_table_config_init(&c);
-  c.name = "sparse";
-  c.dim = 4;
-  c.shards = 1;
-  c.init.kind = DYNEMB_INIT_UNIFORM;
-  c.init.a = -1;
-  c.init.b = 1;
-  c.host_vocabulary_size = 8;
-  c.ssd_vocabulary_size = 3000;
-  c.ssd_data_path = tmpdir();
-  dynemb_table *t = NULL;
-  CHECK_OK(dynemb_table_create(&c, &t));
+  dynemb_table *t = tier_table("sparse", 4, 8, 3000, &c);
   if (!t) return;
   static int64_t k[3000];
   static float out[3000 * 4], want[3000 * 4];
@@ -403,15 +404,7 @@ static void test_sparse_memory(void) {
 
 static void test_disk_refuses_writes(void) {
   dynemb_table_config c;
-  dynemb_table_config_init(&c);
-  c.name = "fullfs";
-  c.dim = 256; /* 1 KiB records */
-  c.shards = 1;
-  c.host_vocabulary_size = 8;
-  c.ssd_vocabulary_size = 1000;
-  c.ssd_data_path = tmpdir();
-  dynemb_table *t = NULL;
-  CHECK_OK(dynemb_table_create(&c, &t));
+  dynemb_table *t = tier_table("fullfs", 256, 8, 1000, &c); /* 1 KiB records */
   if (!t) return;
   static int64_t k[64];
   static float out[64 * 256], first[64 * 256];
