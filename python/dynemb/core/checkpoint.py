@@ -149,7 +149,8 @@ _orig_restore = tf.compat.v1.train.Saver.restore
 
 
 def _save(self, sess, save_path, global_step=None, *args, **kwargs):
-    names = _tiered_tables(sess.graph) if sess is not None else []
+    graph = getattr(sess, "graph", None)  # (any session-like object)
+    names = _tiered_tables(graph) if graph is not None else []
     if not names:
         return _orig_save(self, sess, save_path, global_step, *args, **kwargs)
     path = _checkpoint_path(self, sess, save_path, global_step)
@@ -165,7 +166,8 @@ def _save(self, sess, save_path, global_step=None, *args, **kwargs):
 
 def _restore(self, sess, save_path):
     out = _orig_restore(self, sess, save_path)
-    names = _tiered_tables(sess.graph) if sess is not None and save_path else []
+    graph = getattr(sess, "graph", None)
+    names = _tiered_tables(graph) if graph is not None and save_path else []
     if names:
         d = save_path + SUFFIX
         if not os.path.isdir(d):
