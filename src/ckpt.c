@@ -638,6 +638,34 @@ static int read_elems(int fd, uint64_t off, size_t n, size_t eb, int is_float,
 #define LOAD_CHUNK_BYTES ((size_t)64 << 20)
 size_t dynemb_ckpt_load_chunk_rows = 0;
 
+/* The load options' effect on loaded access times: every row and candidate
+ * stamped (stamp >= 0), candidates dropped (rows_only; *cands = 0). */
+static void apply_options(const dynemb_load_options *o, uint32_t *last,
+                          size_t rows, uint32_t *cand_last, size_t *cands) {
+  if (!o) return;
+  if (o->rows_only) *cands = 0;
+  if (o->stamp < 0) return;
+  for (size_t i = 0; i < rows; i++) last[i] = (uint32_t)o->stamp;
+  for (size_t i = 0; i < *cands; i++) cand_last[i] = (uint32_t)o->stamp;
+}
+
+/* Prefixes the failed load's message with the checkpoint and table. */
+static int load_error(int rc, const char *dir, const char *name) {
+  char msg[WHAT_MAX];
+  what_fmt(msg, "%s", dynemb_last_error());
+  return dynemb_error_set(rc, "checkpoint '%s', table '%s': %s", dir, name,
+                          msg);
+}
+
+static int dim_error(const char *dir, const char *name, int ckpt_dim,
+                     const char *tname, int dim) {
+  return dynemb_error_set(DYNEMB_EDIM,
+                          "checkpoint '%s': table '%s' has dim %d, but table "
+                          "'%s' has dim %d; load it into a table created "
+                          "with dim %d",
+                          dir, name, ckpt_dim, tname, dim, ckpt_dim);
+}
+
 /* dynemb_checkpoint_load into a table with an SSD tier, which may be
  * larger than memory: the file is verified first (one block of memory),
  * then keys, last-access times and candidates are read whole (12 and 16
@@ -662,7 +690,7 @@ static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
     return rc;
   }
   const size_t rows = (size_t)h.rows;
-  const size_t cands = o && o->rows_only ? 0 : (size_t)h.candidates;
+  size_t cands = o && o->rows_only ? 0 : (size_t)h.candidates;
   const size_t rf = (size_t)h.row_floats;
   /* section data offsets (docs/checkpoint-format.md): each section is a
    * 16-byte head, the data and a 4-byte CRC */
@@ -697,10 +725,7 @@ static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
   if (!rc) rc = read_elems(fd, ck_off, cands, 8, 0, s.cand_keys, blk, what);
   if (!rc) rc = read_elems(fd, cc_off, cands, 4, 0, s.cand_counts, blk, what);
   if (!rc) rc = read_elems(fd, cl_off, cands, 4, 0, s.cand_last_access, blk, what);
-  if (!rc && o && o->stamp >= 0) {
-    for (size_t i = 0; i < rows; i++) last[i] = (uint32_t)o->stamp;
-    for (size_t i = 0; i < cands; i++) s.cand_last_access[i] = (uint32_t)o->stamp;
-  }
+  if (!rc) apply_options(o, last, rows, s.cand_last_access, &cands);
   s.candidates = cands;
   for (size_t first = 0; !rc && (first < rows || first == 0); first += chunk) {
     size_t n = rows - first < chunk ? rows - first : chunk;
@@ -768,21 +793,12 @@ int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
     else rc = DYNEMB_ENOTFOUND; /* (dir_find set the message) */
     if (!rc) {
       if (h.dim != dynemb_table_dim(t))
-        rc = dynemb_error_set(DYNEMB_EDIM,
-                              "checkpoint '%s': table '%s' has dim %d, but "
-                              "table '%s' has dim %d; load it into a table "
-                              "created with dim %d",
-                              dir, name, h.dim, tname, dynemb_table_dim(t),
-                              h.dim);
+        rc = dim_error(dir, name, h.dim, tname, dynemb_table_dim(t));
       dynemb_ckpt_header_free(&h);
     }
     if (!rc) {
       rc = load_streamed(&d, e, t, flags, shard_index, shard_count, opts);
-      if (rc) {
-        char msg[WHAT_MAX];
-        what_fmt(msg, "%s", dynemb_last_error());
-        dynemb_error_set(rc, "checkpoint '%s', table '%s': %s", dir, name, msg);
-      }
+      if (rc) rc = load_error(rc, dir, name);
     }
     dir_close(&d);
     return rc;
@@ -792,24 +808,13 @@ int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
   if (rc) return rc;
   int dim = dynemb_table_dim(t);
   if (snap.dim != dim) {
-    rc = dynemb_error_set(DYNEMB_EDIM,
-                          "checkpoint '%s': table '%s' has dim %d, but table "
-                          "'%s' has dim %d; load it into a table created "
-                          "with dim %d",
-                          dir, name, snap.dim, tname, dim, snap.dim);
+    rc = dim_error(dir, name, snap.dim, tname, dim);
   } else {
-    if (opts && opts->rows_only) snap.candidates = 0; /* (freed by pointer) */
-    if (opts && opts->stamp >= 0) {
-      for (size_t i = 0; i < snap.rows; i++) snap.last_access[i] = (uint32_t)opts->stamp;
-      for (size_t i = 0; i < snap.candidates; i++)
-        snap.cand_last_access[i] = (uint32_t)opts->stamp;
-    }
+    /* (rows_only zeroes the count only: the arrays are freed by pointer) */
+    apply_options(opts, snap.last_access, snap.rows, snap.cand_last_access,
+                  &snap.candidates);
     rc = dynemb_table_import(t, &snap, flags, shard_index, shard_count);
-    if (rc) {
-      char msg[WHAT_MAX];
-      what_fmt(msg, "%s", dynemb_last_error());
-      dynemb_error_set(rc, "checkpoint '%s', table '%s': %s", dir, name, msg);
-    }
+    if (rc) rc = load_error(rc, dir, name);
   }
   dynemb_snapshot_free(&snap);
   return rc;

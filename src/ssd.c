@@ -195,18 +195,14 @@ void dynemb_ssd_reset(dynemb_ssd *s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-uint64_t dynemb_ssd_used(dynemb_ssd *s) {
+/* A field guarded by the store's mutex (0 for a store that is off). */
+static uint64_t locked_read(dynemb_ssd *s, const uint64_t *field) {
   if (s->fd < 0) return 0;
   pthread_mutex_lock(&s->mu);
-  uint64_t n = s->used;
+  uint64_t n = *field;
   pthread_mutex_unlock(&s->mu);
   return n;
 }
 
-uint64_t dynemb_ssd_high(dynemb_ssd *s) {
-  if (s->fd < 0) return 0;
-  pthread_mutex_lock(&s->mu);
-  uint64_t n = s->high;
-  pthread_mutex_unlock(&s->mu);
-  return n;
-}
+uint64_t dynemb_ssd_used(dynemb_ssd *s) { return locked_read(s, &s->used); }
+uint64_t dynemb_ssd_high(dynemb_ssd *s) { return locked_read(s, &s->high); }
