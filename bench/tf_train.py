@@ -1,9 +1,9 @@
-"""Training throughput of the Criteo Wide&Deep model: dynemb vs TF native vs TFRA.
+"""Training throughput of the Criteo Wide&Deep model: dynemb vs TF native vs TFRA (and the bound).
 
     make bench-tf                      # sets up .venv-tfra if it can, then runs this
     .venv/bin/python bench/tf_train.py --json [--batch-size 1024 --steps 200 ...]
 
-Three variants of the same model (examples/criteo_demo.py: 26 deep tables of width
+Four variants of the same model (examples/criteo_demo.py: 26 deep tables of width
 --dim, one wide table of width 1 over field-aware ids, MLP 128-64-1, a linear part
 on the 13 dense features), trained on the same batches with the same optimizers
 (Adagrad lr 0.05, initial accumulator 0.1 on the embeddings; Adam 1e-3 on the
@@ -21,11 +21,20 @@ dense weights):
              de.embedding_lookup, de.DynamicEmbeddingOptimizer(Adagrad)), run with
              the interpreter of its own virtualenv (--tfra-python, default
              .venv-tfra/bin/python), since TFRA needs another TensorFlow.
+  embedding_free
+             the bound for any embedding implementation: the same model, input
+             and optimizers with each table's looked-up rows replaced by a dense
+             trainable [batch, dim] variable (no ids hashed or looked up, no
+             sparse update; the dense Adagrad update of those few rows remains).
+             Its samples/s over TF native's (`bound_vs_tf_native`) is the most
+             any embedding store could reach against native on this model and
+             machine: what is left of the step is the MLP, the dense optimizer,
+             the executor and the input.
 
 Each variant's graph is built by one function (build_<variant>); every
 measurement runs in a fresh subprocess, the variants interleaved, --repeats times;
 the median is reported. Gradients are taken once for dense and sparse variables
-together (one backward pass) in all three.
+together (one backward pass) in all of them.
 
 Data: the training split of ../shared/data/criteo-10k.tsv (8,000 rows), parsed once
 by examples/criteo_data.py (the demo's parser), then reshuffled every epoch and cut
@@ -55,7 +64,7 @@ from typing import Any, Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
-VARIANTS = ("dynemb", "tf_native", "tfra")
+VARIANTS = ("dynemb", "tf_native", "tfra", "embedding_free")
 NUM_CAT = 26
 NUM_INT = 13
 CAT_NAMES = tuple(f"C{i + 1}" for i in range(NUM_CAT))
@@ -255,7 +264,31 @@ def build_tfra(tf, cfg: Dict) -> Dict:
             "pipeline": features}
 
 
-BUILDERS = {"dynemb": build_dynemb, "tf_native": build_tf_native, "tfra": build_tfra}
+def build_embedding_free(tf, cfg: Dict) -> Dict:
+    it, features, label = make_iterator(tf, cfg["data_file"])
+    rows = cfg["batch_size"]  # every saved batch is full
+    deep, tables = [], []
+    for i, name in enumerate(CAT_NAMES):
+        var = tf.compat.v1.get_variable(f"free_{name}", [rows, cfg["dim"]],
+                                        initializer=emb_init(tf, cfg["seed"], i))
+        tables.append(var)
+        deep.append(tf.identity(var))
+    wide = tf.compat.v1.get_variable("free_wide", [rows * NUM_CAT, 1],
+                                     initializer=tf.compat.v1.zeros_initializer())
+    tables.append(wide)
+    loss, dense_vars = wide_deep_loss(tf, deep, tf.identity(wide), features["dense"], label,
+                                      cfg["seed"])
+    grads = tf.gradients(loss, dense_vars + tables)
+    nd = len(dense_vars)
+    train_op = tf.group(dense_optimizer(tf).apply_gradients(zip(grads[:nd], dense_vars)),
+                        sparse_adagrad_tf(tf).apply_gradients(zip(grads[nd:], tables)))
+    return {"train_op": train_op, "loss": loss,
+            "init": [tf.compat.v1.global_variables_initializer(), it.initializer],
+            "pipeline": features}
+
+
+BUILDERS = {"dynemb": build_dynemb, "tf_native": build_tf_native, "tfra": build_tfra,
+            "embedding_free": build_embedding_free}
 
 
 # ---------------------------------------------------------------------------
@@ -548,6 +581,12 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
         "tfra_note": tfra_note,
         "vs_tf_native_paired": paired("dynemb", "tf_native"),
         "vs_tfra_paired": paired("dynemb", "tfra"),
+        # The same model with free embeddings (see the module doc): the most that
+        # any embedding store could reach against TF native here.
+        "embedding_free_samples_per_s": (round(median["embedding_free"])
+                                         if "embedding_free" in median else None),
+        "bound_vs_tf_native": ratio("embedding_free", "tf_native"),
+        "bound_vs_tf_native_paired": paired("embedding_free", "tf_native"),
         # Samples per CPU-second (all threads of the process): steadier than wall
         # time when other work shares the machine.
         "samples_per_cpu_s": {v: round(x) for v, x in per_cpu.items()},

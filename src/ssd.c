@@ -1,12 +1,22 @@
 /*
  * ssd.c -- the SSD tier's record file: anonymous file creation, record
- * allocation (free list + high-water mark), positional vectored I/O.
+ * allocation (free list + high-water mark), file growth, and records read
+ * and written through shared mappings of the file.
  *
- * Why by hand: the tier needs exactly "record i at offset i * size" with a
- * free list; the key -> record map is the table's own index. preadv /
- * pwritev move a record's two parts (embedding, slots) in one call each.
- * Batching these through io_uring is a possible later step; one system
- * call per moved row is what the measurements in BENCHMARKS.md use.
+ * Why by hand: the tier needs exactly "record i at a fixed place" with a
+ * free list; the key -> record map is the table's own index. Why mappings:
+ * a row moved between memory and the tier is a few hundred bytes, and the
+ * system call plus the kernel's page-cache lookup and copy of pread/pwrite
+ * cost ~1 us per row each way (BENCHMARKS.md); a mapped record in the page
+ * cache is a memcpy. io_uring would batch the calls but not remove the
+ * page-cache work per record (measured ~5% faster, session 5).
+ *
+ * Layout: record r lives in segment r >> seg_shift at byte
+ * (r & (seg_records - 1)) * rec_bytes; segment i starts at file offset
+ * i * seg_bytes (seg_records * rec_bytes rounded up to whole pages, since
+ * a mapping starts on a page). A segment is mapped whole (up to 64 MiB of
+ * address space) when its first record is handed out and stays mapped
+ * until close, so a record's address never changes.
  */
 #include "ssd.h"
 
@@ -15,13 +25,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/uio.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "dynemb.h"
 #include "error.h"
 
 #define RELAXED __ATOMIC_RELAXED
+#define SEG_TARGET_BYTES (UINT64_C(64) << 20) /* file bytes per segment */
+#define GROW_MIN_BYTES (UINT64_C(1) << 20)    /* the file grows by >= 1 MiB */
+
+static uint64_t page_bytes(void) {
+  long p = sysconf(_SC_PAGESIZE);
+  return p > 0 ? (uint64_t)p : 4096;
+}
+
+static uint64_t round_up(uint64_t x, uint64_t to) {
+  return (x + to - 1) / to * to;
+}
 
 void dynemb_ssd_init_off(dynemb_ssd *s) {
   memset(s, 0, sizeof *s);
@@ -60,17 +81,36 @@ int dynemb_ssd_open(dynemb_ssd *s, const char *dir, const char *table,
   s->table = table;
   s->emb_bytes = emb_bytes;
   s->slot_bytes = slot_bytes;
+  s->rec_bytes = emb_bytes + slot_bytes;
   s->capacity = capacity;
+  /* a power of two of records per segment (a shift and a mask per access),
+   * the most that fit SEG_TARGET_BYTES, and no more than the capacity needs */
+  unsigned shift = 0;
+  while ((s->rec_bytes << (shift + 1)) <= SEG_TARGET_BYTES &&
+         (UINT64_C(1) << shift) < capacity)
+    shift++;
+  s->seg_shift = shift;
+  s->seg_records = UINT64_C(1) << shift;
+  s->seg_bytes = round_up(s->seg_records * s->rec_bytes, page_bytes());
+  s->nsegs = (capacity + s->seg_records - 1) >> shift;
   s->dir = strdup(dir);
-  if (!s->dir)
+  s->segs = calloc(s->nsegs ? s->nsegs : 1, sizeof *s->segs);
+  if (!s->dir || !s->segs) {
+    free(s->dir);
+    free(s->segs);
+    s->dir = NULL;
+    s->segs = NULL;
     return dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory opening the SSD tier",
                             table);
+  }
   int fd = anon_file(dir);
   if (fd < 0) {
     int e = errno;
     free(s->dir);
+    free(s->segs);
     s->dir = NULL;
+    s->segs = NULL;
     return dynemb_error_set(DYNEMB_EIO,
                             "table '%s': cannot create the SSD tier's file in "
                             "ssd_data_path '%s' (%s); pass an existing, "
@@ -87,11 +127,63 @@ int dynemb_ssd_open(dynemb_ssd *s, const char *dir, const char *table,
 
 void dynemb_ssd_close(dynemb_ssd *s) {
   if (s->fd < 0) return;
+  for (uint64_t i = 0; i < s->nsegs; i++)
+    if (s->segs[i]) munmap(s->segs[i], s->seg_bytes);
+  free(s->segs);
   close(s->fd);
   pthread_mutex_destroy(&s->mu);
   free(s->free_list);
   free(s->dir);
   dynemb_ssd_init_off(s);
+}
+
+/* Makes record `r` (the next one past the high-water mark) usable: grows
+ * the file over it (by a step of at least GROW_MIN_BYTES and 1/8 of the
+ * file, or, if the disk refuses that, by what the record needs) and maps
+ * its segment. Caller holds s->mu. EIO with a message. */
+static int make_usable(dynemb_ssd *s, uint64_t r) {
+  const uint64_t seg = r >> s->seg_shift;
+  const uint64_t end = seg * s->seg_bytes +
+                       ((r & (s->seg_records - 1)) + 1) * s->rec_bytes;
+  if (end > s->file_bytes) {
+    const uint64_t pg = page_bytes(), need = round_up(end, pg);
+    uint64_t step = s->file_bytes / 8;
+    if (step < GROW_MIN_BYTES) step = GROW_MIN_BYTES;
+    uint64_t want = round_up(s->file_bytes + step, pg);
+    if (want < need) want = need;
+    int e = posix_fallocate(s->fd, (off_t)s->file_bytes,
+                            (off_t)(want - s->file_bytes));
+    if (e && want > need) {
+      want = need;
+      e = posix_fallocate(s->fd, (off_t)s->file_bytes,
+                          (off_t)(want - s->file_bytes));
+    }
+    if (e)
+      return dynemb_error_set(DYNEMB_EIO,
+                              "table '%s': the SSD tier's file in '%s' cannot "
+                              "grow to %llu bytes (%s); free space on the disk "
+                              "behind ssd_data_path, or lower "
+                              "ssd_vocabulary_size",
+                              s->table, s->dir, (unsigned long long)want,
+                              strerror(e));
+    s->file_bytes = want;
+  }
+  if (!s->segs[seg]) {
+    void *p = mmap(NULL, s->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   s->fd, (off_t)(seg * s->seg_bytes));
+    if (p == MAP_FAILED)
+      return dynemb_error_set(DYNEMB_EIO,
+                              "table '%s': cannot map %llu bytes of the SSD "
+                              "tier's file in '%s' (%s); ssd_data_path must "
+                              "be on a file system that supports shared "
+                              "mappings, with address space to spare",
+                              s->table, (unsigned long long)s->seg_bytes,
+                              s->dir, strerror(errno));
+    /* rows are read one by one at random: no read-ahead around them */
+    (void)madvise(p, s->seg_bytes, MADV_RANDOM);
+    __atomic_store_n(&s->segs[seg], (char *)p, __ATOMIC_RELEASE);
+  }
+  return DYNEMB_OK;
 }
 
 int dynemb_ssd_alloc(dynemb_ssd *s, uint32_t *rec) {
@@ -102,8 +194,10 @@ int dynemb_ssd_alloc(dynemb_ssd *s, uint32_t *rec) {
   } else if (s->nfree) {
     *rec = s->free_list[--s->nfree];
     s->used++;
-  } else {
-    *rec = (uint32_t)s->high++; /* high <= used < capacity <= 2^30 - 1 */
+  } else if (!(rc = make_usable(s, s->high))) {
+    /* high <= used < capacity <= 2^30 - 1 */
+    *rec = (uint32_t)s->high;
+    __atomic_store_n(&s->high, s->high + 1, RELAXED);
     s->used++;
   }
   pthread_mutex_unlock(&s->mu);
@@ -129,69 +223,49 @@ void dynemb_ssd_release(dynemb_ssd *s, uint32_t rec) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* Moves a record's parts to (write) or from (read) the file, resuming
- * after short transfers and EINTR. */
-static int transfer(dynemb_ssd *s, uint32_t rec, float *emb, float *slots,
-                    int write) {
-  struct iovec v[2];
-  int nv = 0;
-  v[nv].iov_base = emb;
-  v[nv++].iov_len = s->emb_bytes;
-  if (slots && s->slot_bytes) {
-    v[nv].iov_base = slots;
-    v[nv++].iov_len = s->slot_bytes;
+/* Record `rec`'s bytes, or NULL (error set) when it was never handed out
+ * since the last reset. */
+static char *record(dynemb_ssd *s, uint32_t rec, const char *what) {
+  if ((uint64_t)rec >= __atomic_load_n(&s->high, RELAXED)) {
+    dynemb_error_set(DYNEMB_EIO,
+                     "table '%s': %s record %u of the SSD tier in '%s' "
+                     "failed: it is past the end of the file (an internal "
+                     "error; please report it)",
+                     s->table, what, rec, s->dir);
+    return NULL;
   }
-  off_t off = (off_t)rec * (off_t)(s->emb_bytes + s->slot_bytes);
-  size_t left = v[0].iov_len + (nv > 1 ? v[1].iov_len : 0);
-  struct iovec *cur = v;
-  while (left) {
-    ssize_t r = write ? pwritev(s->fd, cur, nv, off) : preadv(s->fd, cur, nv, off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      const char *why = r < 0 ? strerror(errno) : "unexpected end of file";
-      return dynemb_error_set(DYNEMB_EIO,
-                              "table '%s': %s record %u of the SSD tier in "
-                              "'%s' failed (%s); check the disk behind "
-                              "ssd_data_path (space, errors)",
-                              s->table, write ? "writing" : "reading", rec,
-                              s->dir, why);
-    }
-    left -= (size_t)r;
-    off += r;
-    while (r > 0 && nv > 0) { /* skip what was transferred */
-      if ((size_t)r >= cur->iov_len) {
-        r -= (ssize_t)cur->iov_len;
-        cur++;
-        nv--;
-      } else {
-        cur->iov_base = (char *)cur->iov_base + r;
-        cur->iov_len -= (size_t)r;
-        r = 0;
-      }
-    }
-  }
-  __atomic_add_fetch(write ? &s->writes : &s->reads, 1, RELAXED);
-  return DYNEMB_OK;
+  char *seg = __atomic_load_n(&s->segs[rec >> s->seg_shift], __ATOMIC_ACQUIRE);
+  return seg + (size_t)(rec & (s->seg_records - 1)) * s->rec_bytes;
 }
 
 int dynemb_ssd_write(dynemb_ssd *s, uint32_t rec, const float *emb,
                      const float *slots) {
-  /* the iovecs are not written through on a write */
-  return transfer(s, rec, (float *)(uintptr_t)emb, (float *)(uintptr_t)slots,
-                  1);
+  char *p = record(s, rec, "writing");
+  if (!p) return DYNEMB_EIO;
+  memcpy(p, emb, s->emb_bytes);
+  if (slots && s->slot_bytes) memcpy(p + s->emb_bytes, slots, s->slot_bytes);
+  __atomic_add_fetch(&s->writes, 1, RELAXED);
+  return DYNEMB_OK;
 }
 
 int dynemb_ssd_read(dynemb_ssd *s, uint32_t rec, float *emb, float *slots) {
-  return transfer(s, rec, emb, slots, 0);
+  const char *p = record(s, rec, "reading");
+  if (!p) return DYNEMB_EIO;
+  memcpy(emb, p, s->emb_bytes);
+  if (slots && s->slot_bytes) memcpy(slots, p + s->emb_bytes, s->slot_bytes);
+  __atomic_add_fetch(&s->reads, 1, RELAXED);
+  return DYNEMB_OK;
 }
 
 void dynemb_ssd_reset(dynemb_ssd *s) {
   if (s->fd < 0) return;
   pthread_mutex_lock(&s->mu);
   s->nfree = 0;
-  s->high = 0;
+  __atomic_store_n(&s->high, 0, RELAXED);
   s->used = 0;
-  (void)!ftruncate(s->fd, 0); /* only gives space back: errors change nothing */
+  /* only gives space back: errors change nothing. The segments stay
+   * mapped (no record is in use) and see the file grow again later. */
+  if (ftruncate(s->fd, 0) == 0) s->file_bytes = 0;
   pthread_mutex_unlock(&s->mu);
 }
 

@@ -13,10 +13,23 @@
  * so it never outlives the process and needs no cleanup; checkpoints, not
  * this file, are what persists.
  *
- * Thread-safe: record allocation is under the store's mutex; reads and
- * writes are positional (pread/pwrite) and may run concurrently on
- * different records. Callers (table.c) never touch one record from two
- * threads at once: a record belongs to one key, whose shard lock they hold.
+ * Records are read and written through shared mappings of the file
+ * (segments of up to 64 MiB, mapped when the first record in them is handed
+ * out, never moved), so a record that is in the page cache costs a memory
+ * copy, not a system call: with positional I/O (pread/pwrite, one call per
+ * moved row) the kernel's page-cache work was half of a training step's CPU
+ * time (BENCHMARKS.md, session 6). The kernel writes dirty pages back and
+ * drops clean ones under memory pressure, as it did for the page cache
+ * behind pread. The file grows by posix_fallocate before a record past its
+ * end is handed out, so a full disk is an EIO from dynemb_ssd_alloc (with
+ * the table and directory named), never a fault on a later write. What the
+ * mapping cannot turn into an error code: a media error while the kernel
+ * reads a page back raises SIGBUS, as for any mapped file.
+ *
+ * Thread-safe: record allocation and file growth are under the store's
+ * mutex; reads and writes of different records may run concurrently.
+ * Callers (table.c) never touch one record from two threads at once: a
+ * record belongs to one key, whose shard lock they hold.
  */
 #ifndef DYNEMB_SSD_H
 #define DYNEMB_SSD_H
@@ -34,12 +47,20 @@ typedef struct dynemb_ssd {
   const char *table;  /* the table's name, for messages (not owned) */
   size_t emb_bytes;   /* embedding part of a record */
   size_t slot_bytes;  /* optimizer-slot part (may be 0) */
+  size_t rec_bytes;   /* emb_bytes + slot_bytes */
   uint64_t capacity;  /* records at most (ssd_vocabulary_size) */
+  unsigned seg_shift;   /* log2(seg_records) */
+  uint64_t seg_records; /* records per mapped segment (a power of two) */
+  uint64_t seg_bytes;   /* file bytes per segment (whole pages) */
+  char **segs;          /* [nsegs]: segment i's mapping or NULL (atomics) */
+  uint64_t nsegs;
   pthread_mutex_t mu; /* guards the fields below */
   uint32_t *free_list;
   uint64_t nfree, free_cap;
-  uint64_t high; /* records ever handed out since the last reset */
+  uint64_t high; /* records ever handed out since the last reset (written
+                    under mu, read with atomics) */
   uint64_t used; /* records holding a row now */
+  uint64_t file_bytes; /* the file's allocated length */
   uint64_t reads, writes; /* records read / written (relaxed atomics) */
 } dynemb_ssd;
 
@@ -56,18 +77,35 @@ void dynemb_ssd_close(dynemb_ssd *s);
 static inline int dynemb_ssd_on(const dynemb_ssd *s) { return s->fd >= 0; }
 
 /* A free record number. ECAPACITY (no message set) when `capacity`
- * records are in use. */
+ * records are in use; EIO (message names the table, the directory and the
+ * system's reason) when the file cannot grow or its next segment cannot
+ * be mapped (nothing changes then; a later call tries again); ENOMEM. */
 int dynemb_ssd_alloc(dynemb_ssd *s, uint32_t *rec);
 void dynemb_ssd_release(dynemb_ssd *s, uint32_t rec);
 
-/* Writes / reads record `rec`: the embedding from/to `emb` and, if the
- * table has slots and `slots` is not NULL, the slots from/to `slots`.
- * EIO with a message naming the table, the directory and errno. */
+/* Writes / reads record `rec` (handed out by dynemb_ssd_alloc): the
+ * embedding from/to `emb` and, if the table has slots and `slots` is not
+ * NULL, the slots from/to `slots`. EIO with a message naming the table
+ * when `rec` was never handed out since the last reset (past the file's
+ * end). */
 int dynemb_ssd_write(dynemb_ssd *s, uint32_t rec, const float *emb,
                      const float *slots);
 int dynemb_ssd_read(dynemb_ssd *s, uint32_t rec, float *emb, float *slots);
 
-/* Frees every record and truncates the file (table clear / replace). */
+/* Prefetches record `rec` (handed out by dynemb_ssd_alloc) into the
+ * cache, ahead of a read of it (a prefetch never faults). */
+static inline void dynemb_ssd_prefetch(const dynemb_ssd *s, uint32_t rec) {
+  const char *seg =
+      __atomic_load_n(&s->segs[rec >> s->seg_shift], __ATOMIC_ACQUIRE);
+  if (!seg) return;
+  const char *p = seg + (size_t)(rec & (s->seg_records - 1)) * s->rec_bytes;
+  for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63;
+       a < (uintptr_t)p + s->rec_bytes; a += 64)
+    __builtin_prefetch((const void *)a, 0, 2);
+}
+
+/* Frees every record and truncates the file (table clear / replace); the
+ * segments stay mapped, so no record may be in use by another thread. */
 void dynemb_ssd_reset(dynemb_ssd *s);
 
 /* Records in use; records ever handed out since the last reset (the

@@ -46,6 +46,7 @@
 #define IDX_PF 12 /* keys ahead for index prefetch */
 #define ROW_PF 4  /* keys ahead for row prefetch */
 #define MISS_PF 8 /* misses ahead for index prefetch while inserting */
+#define REC_PF 4  /* misses ahead for SSD record prefetch (< MISS_PF) */
 #define MAX_NOW INT64_C(4294967295)
 
 #define RELAXED __ATOMIC_RELAXED
@@ -547,10 +548,13 @@ static int full_error(const dynemb_table *t) {
  * draws, then a walk over the slots), never `keep` (may be NULL).
  * *moved = 0 when the shard has no such row. Each move bumps the
  * shard's generation, so every hint made before it goes stale: a hint can
- * never name a slot whose row has moved. Errors: ECAPACITY (the SSD tier
- * is full; no message), EIO. */
+ * never name a slot whose row has moved. The row goes to record *spare
+ * when that is not NO_RECORD (then taken: set to NO_RECORD), else to a
+ * new one. Errors: ECAPACITY (the SSD tier is full; no message), EIO. */
+#define NO_RECORD UINT32_MAX
 static int demote_one(dynemb_table *t, dynemb_shard *sh,
-                      const dynemb_index_entry *keep, int *moved) {
+                      const dynemb_index_entry *keep, uint32_t *spare,
+                      int *moved) {
   *moved = 0;
   const uint64_t n = sh->arena.slots < sh->slot_cap ? sh->arena.slots
                                                     : sh->slot_cap;
@@ -589,16 +593,17 @@ static int demote_one(dynemb_table *t, dynemb_shard *sh,
     if (!best || LOAD(&e->last_access) < LOAD(&best->last_access)) best = e;
   }
   if (!best) return DYNEMB_OK;
-  uint32_t rec = 0;
-  int rc = dynemb_ssd_alloc(&t->ssd, &rec);
+  uint32_t rec = *spare;
+  int rc = rec != NO_RECORD ? DYNEMB_OK : dynemb_ssd_alloc(&t->ssd, &rec);
   if (rc) return rc;
   const uint32_t slot = DYNEMB_LOC_SLOT(best->loc);
   rc = dynemb_ssd_write(&t->ssd, rec, dynemb_arena_row(&sh->arena, slot),
                         t->slots ? dynemb_arena_slots(&sh->arena, slot) : NULL);
   if (rc) {
-    dynemb_ssd_release(&t->ssd, rec);
+    if (*spare == NO_RECORD) dynemb_ssd_release(&t->ssd, rec);
     return rc;
   }
+  *spare = NO_RECORD;
   sh->gen++;
   dynemb_arena_release(&sh->arena, slot);
   slot_freed(sh, slot);
@@ -613,14 +618,14 @@ static int demote_one(dynemb_table *t, dynemb_shard *sh,
  * lock is free right now (a try-lock, so two threads doing this cannot
  * deadlock) and that has a row in memory. */
 static int demote_elsewhere(dynemb_table *t, const dynemb_shard *sh,
-                            int *moved) {
+                            uint32_t *spare, int *moved) {
   *moved = 0;
   const uint32_t S = t->nshards, from = (uint32_t)(sh - t->shards);
   int rc = DYNEMB_OK;
   for (uint32_t k = 1; k < S && !*moved && !rc; k++) {
     dynemb_shard *o = &t->shards[(from + k) & (S - 1)];
     if (pthread_rwlock_trywrlock(&o->lock) != 0) continue;
-    rc = demote_one(t, o, NULL, moved);
+    rc = demote_one(t, o, NULL, spare, moved);
     pthread_rwlock_unlock(&o->lock);
   }
   return rc;
@@ -632,25 +637,29 @@ static int demote_elsewhere(dynemb_table *t, const dynemb_shard *sh,
  * rows (not `keep`) to SSD; two, so that memory over its budget comes back
  * to it. They come from `sh`, or when it has no other row in memory, from
  * another shard that is free (demote_elsewhere); if none is, memory exceeds
- * its budget until a later call moves rows. Errors: ECAPACITY (both tiers
- * full; message set), EIO. */
+ * its budget until a later call moves rows. The first row moved goes to
+ * record `spare` when that is not NO_RECORD (released if no row moves).
+ * Errors: ECAPACITY (both tiers full; message set), EIO. */
 static int make_room(dynemb_table *t, dynemb_shard *sh,
-                     const dynemb_index_entry *keep, uint64_t entering) {
+                     const dynemb_index_entry *keep, uint64_t entering,
+                     uint32_t spare) {
   const uint64_t budget = t->cfg.host_vocabulary_size;
+  int rc = DYNEMB_OK;
   for (int k = 0; k < 2 && LOAD(&t->rows_total) + entering > budget; k++) {
     int moved = 0;
-    int rc = demote_one(t, sh, keep, &moved);
-    if (!rc && !moved) rc = demote_elsewhere(t, sh, &moved);
-    if (rc == DYNEMB_ECAPACITY) return full_error(t);
-    if (rc) return rc;
-    if (!moved) break;
+    rc = demote_one(t, sh, keep, &spare, &moved);
+    if (!rc && !moved) rc = demote_elsewhere(t, sh, &spare, &moved);
+    if (rc == DYNEMB_ECAPACITY) rc = full_error(t);
+    if (rc || !moved) break;
   }
-  return DYNEMB_OK;
+  if (spare != NO_RECORD) dynemb_ssd_release(&t->ssd, spare);
+  return rc;
 }
 
 /* Brings the row of entry `e` (on the SSD tier) of shard `sh`
- * (write-locked) into host memory, then makes room (make_room) for it.
- * Nothing changes if reading fails. */
+ * (write-locked) into host memory, then makes room (make_room) for it:
+ * the row moved out takes the record just read (no allocation, and its
+ * lines are in cache). Nothing changes if reading fails. */
 static int promote(dynemb_table *t, dynemb_shard *sh, dynemb_index_entry *e) {
   uint32_t slot = 0;
   int rc = dynemb_arena_alloc(&sh->arena, &slot);
@@ -665,12 +674,11 @@ static int promote(dynemb_table *t, dynemb_shard *sh, dynemb_index_entry *e) {
     slot_freed(sh, slot);
     return rc;
   }
-  dynemb_ssd_release(&t->ssd, rec);
   e->loc = DYNEMB_LOC(DYNEMB_TIER_HOST, slot);
   ADD(&t->rows_total, 1);
-  rc = make_room(t, sh, e, 0);
-  /* the row count did not grow: a full SSD tier (another thread took the
-   * record just freed) only leaves memory over its budget for now */
+  rc = make_room(t, sh, e, 0, rec);
+  /* the row count did not grow: a full SSD tier (a second row to move
+   * found no record) only leaves memory over its budget for now */
   return rc == DYNEMB_ECAPACITY ? DYNEMB_OK : rc;
 }
 
@@ -685,7 +693,7 @@ static int insert_row(dynemb_table *t, dynemb_shard *sh, int64_t key,
    * unbudgeted inserts on different shards share no cache line */
   uint64_t budget = t->cfg.host_vocabulary_size;
   if (dynemb_ssd_on(&t->ssd)) {
-    int rc = make_room(t, sh, NULL, 1);
+    int rc = make_room(t, sh, NULL, 1, NO_RECORD);
     if (rc) return rc;
     ADD(&t->rows_total, 1);
   } else if (budget && ADD(&t->rows_total, 1) >= budget) {
@@ -735,6 +743,7 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
                          lookup_counts *lc) {
   const uint32_t shard = (uint32_t)(sh - t->shards);
   const size_t dim = (size_t)t->dim, rbytes = dim * sizeof(float);
+  const int ssd = dynemb_ssd_on(&t->ssd);
   int rc = DYNEMB_OK;
   pthread_rwlock_wrlock(&sh->lock);
   for (uint32_t m = 0; m < nmiss; m++) {
@@ -748,6 +757,14 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
       uint64_t hp = hs[miss[m + MISS_PF]];
       dynemb_index_prefetch(&sh->rows, hp);
       if (threshold > 1) dynemb_index_prefetch(&sh->cands, hp);
+    }
+    /* and a row on the SSD tier, once its entry is in cache: promote
+     * copies it out of the file's mapping */
+    if (ssd && m + REC_PF < nmiss) {
+      uint32_t j = miss[m + REC_PF];
+      const dynemb_index_entry *pe = dynemb_index_find(&sh->rows, keys[j], hs[j]);
+      if (pe && !on_host(pe->loc))
+        dynemb_ssd_prefetch(&t->ssd, DYNEMB_LOC_SLOT(pe->loc));
     }
     float *dst = out ? out + (size_t)i * dim : NULL;
     dynemb_index_entry *e = dynemb_index_find(&sh->rows, key, h);

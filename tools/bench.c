@@ -24,10 +24,11 @@
  *   adam limit  (Adam only) TF's Adam applied in place at the same positions
  *           to the flat array plus a flat slot array (m, v): the memory
  *           bound of an Adam update, which moves ~6x the bytes of a gather
- *   ssd read limit  (--ssd-dir only) positional reads of one embedding at
- *           the same positions from a file of R records of the tier's
- *           record size in the same directory: what the file system gives
- *           to reads like the SSD tier's in-place reads
+ *   ssd read limit  (--ssd-dir only) one embedding copied at each of the
+ *           same positions out of a shared mapping of a file of R records
+ *           of the tier's record size in the same directory, as the tier
+ *           reads its file; and, for comparison, the same reads by pread
+ *           (one system call per row, how the tier read before session 6)
  *
  * With --host-rows H --ssd-dir DIR every table has an SSD tier (H rows in
  * memory, the rest in DIR), so the phases measure the tier's moves too.
@@ -491,6 +492,8 @@ typedef struct bench {
   /* Adam limit: the table's learning rate and Adam settings */
   dynemb_optimizer adam_opt; /* the table's Adam settings */
   int limit_fd;       /* ssd read limit: its file (-1: none) */
+  const char *limit_map; /* ... mapped whole (NULL: none) */
+  size_t limit_bytes;
   size_t record_bytes; /* ...and the tier's record size (row_floats x 4) */
 } bench;
 
@@ -506,7 +509,8 @@ typedef enum phase_kind {
   PH_APPLY,
   PH_APPLY_HINTED,
   PH_ADAM_LIMIT,
-  PH_SSD_LIMIT
+  PH_SSD_LIMIT,
+  PH_SSD_PREAD
 } phase_kind;
 
 typedef struct worker {
@@ -611,14 +615,18 @@ static void adam_limit_batch(const bench *b, uint64_t step, const uint32_t *pos,
   }
 }
 
-/* The ssd read limit: one embedding per position, read from the limit
- * file at the tier's record stride. */
+/* The ssd read limit: one embedding per position, copied out of the
+ * mapped limit file at the tier's record stride (`by_pread`: read by one
+ * pread each instead). */
 static int ssd_limit_batch(const bench *b, const uint32_t *pos, size_t n,
-                           float *out) {
+                           float *out, int by_pread) {
   const size_t eb = sizeof(float) * (size_t)b->o.dim;
   for (size_t i = 0; i < n; i++) {
-    off_t off = (off_t)pos[i] * (off_t)b->record_bytes;
-    if (pread(b->limit_fd, out + i * (size_t)b->o.dim, eb, off) != (ssize_t)eb)
+    size_t off = (size_t)pos[i] * b->record_bytes;
+    float *to = out + i * (size_t)b->o.dim;
+    if (!by_pread)
+      memcpy(to, b->limit_map + off, eb);
+    else if (pread(b->limit_fd, to, eb, (off_t)off) != (ssize_t)eb)
       return DYNEMB_EIO;
   }
   return DYNEMB_OK;
@@ -657,7 +665,8 @@ static int run_batch(worker *w, size_t bi, uint64_t *unique) {
     adam_limit_batch(b, ++w->adam_steps, pos, B, w->grads);
     return DYNEMB_OK;
   case PH_SSD_LIMIT:
-    return ssd_limit_batch(b, pos, B, w->out);
+  case PH_SSD_PREAD:
+    return ssd_limit_batch(b, pos, B, w->out, w->phase == PH_SSD_PREAD);
   default:
     return DYNEMB_EINVAL;
   }
@@ -832,7 +841,8 @@ static phase_result run_phase(bench *b, worker *ws, phase_kind ph,
   r.cpu_share = wall > 0 ? cpu / wall : 0;
   const char *unit =
       (ph == PH_GATHER_PLAIN || ph == PH_GATHER_PREFETCH ||
-       ph == PH_ADAM_LIMIT || ph == PH_TOUCH || ph == PH_SSD_LIMIT)
+       ph == PH_ADAM_LIMIT || ph == PH_TOUCH || ph == PH_SSD_LIMIT ||
+       ph == PH_SSD_PREAD)
           ? "rows"
           : "keys";
   progress("%s: %.3g %s/s (%" PRIu64 " %s in %.2f s, longest call %.2f ms, "
@@ -955,7 +965,16 @@ static void make_limit_file(bench *b) {
 #ifdef POSIX_FADV_RANDOM
   (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM); /* as the tier's file */
 #endif
+  void *map = mmap(NULL, (size_t)total, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    fprintf(stderr, "dynemb bench: mapping the ssd limit file in '%s' "
+            "failed: %s\n", o->ssd_dir, strerror(errno));
+    exit(1);
+  }
+  (void)madvise(map, (size_t)total, MADV_RANDOM); /* as the tier's file */
   b->limit_fd = fd;
+  b->limit_map = map;
+  b->limit_bytes = (size_t)total;
 }
 
 static void make_pools(bench *b, worker *ws) {
@@ -1023,7 +1042,7 @@ static double loadavg_1m(void) {
 
 typedef struct results {
   phase_result touch, stall, insert, gplain, gpref, lookup, lookup_eval,
-      hinted, apply, apply_hinted, adam_limit, ssd_limit;
+      hinted, apply, apply_hinted, adam_limit, ssd_limit, ssd_pread;
   int have_adam_limit; /* adam only */
   double gather_limit;
   double lookup_vs_gather, apply_vs_gather, apply_vs_adam_limit, overhead;
@@ -1139,13 +1158,14 @@ static void print_json(const bench *b, const results *r) {
     double lim = r->ssd_limit.per_s;
     printf("  \"ssd_tier\": {\"host_rows\": %" PRIu64 ", \"record_bytes\": "
            "%zu, \"ssd_read_limit_rows_per_s\": %.0f, "
+           "\"ssd_pread_rows_per_s\": %.0f, "
            "\"lookup_vs_ssd_read_limit\": %.3f, "
            "\"lookup_eval_vs_ssd_read_limit\": %.3f, "
            "\"rows_in_memory_end\": %" PRIu64 ", \"rows_on_ssd_end\": %" PRIu64
            ", \"ssd_reads\": %" PRIu64 ", \"ssd_writes\": %" PRIu64
            ", \"ssd_bytes\": %" PRIu64 ", \"ssd_lookups\": %" PRIu64
            ", \"memory_hit_rate\": %.4f},\n",
-           o->host_rows, b->record_bytes, lim,
+           o->host_rows, b->record_bytes, lim, r->ssd_pread.per_s,
            lim > 0 ? r->lookup.per_s / lim : 0.0,
            lim > 0 ? r->lookup_eval.per_s / lim : 0.0, s->host_rows,
            s->ssd_rows, s->ssd_reads, s->ssd_writes, s->ssd_bytes,
@@ -1218,6 +1238,7 @@ static void print_human(const bench *b, const results *r) {
   printf("  %-28s %16.3f\n", "max insert call (ms)", r->insert.max_call_ms);
   if (o->ssd_dir) {
     printf("  %-28s %16.0f\n", "ssd read limit (rows/s)", r->ssd_limit.per_s);
+    printf("  %-28s %16.0f\n", "  ssd by pread (rows/s)", r->ssd_pread.per_s);
     printf("  %-28s %16" PRIu64 " / %" PRIu64 "\n", "rows in memory / on ssd",
            r->st.host_rows, r->st.ssd_rows);
   }
@@ -1407,6 +1428,7 @@ int dynemb_cmd_bench(int argc, char **argv) {
              R, b.record_bytes, o->ssd_dir);
     make_limit_file(&b);
     r.ssd_limit = run_phase(&b, ws, PH_SSD_LIMIT, NULL, 0, "ssd read limit");
+    r.ssd_pread = run_phase(&b, ws, PH_SSD_PREAD, NULL, 0, "ssd reads by pread");
   }
 
   /* The limit once more, after the engine phases, so that a drift of the
@@ -1441,6 +1463,8 @@ int dynemb_cmd_bench(int argc, char **argv) {
     munmap(b.flat, b.flat_bytes);
   if (b.slots)
     munmap(b.slots, b.slots_bytes);
+  if (b.limit_map)
+    munmap((void *)(uintptr_t)b.limit_map, b.limit_bytes);
   if (b.limit_fd >= 0)
     close(b.limit_fd);
   free(b.perm);

@@ -379,6 +379,44 @@ static void test_full_evict_clear(void) {
   dynemb_registry_clear();
 }
 
+/* A row coming back from SSD into memory that has room moves nothing out,
+ * and its record is free again: rows on SSD and records in use agree. The
+ * rows in memory (keys 0..9, old) are evicted, those on SSD (10..14,
+ * recent) stay (an import fills memory first, in key order). */
+static void test_promote_into_room(void) {
+  dynemb_table_config c;
+  dynemb_table *src = tier_table("room_src", 4, 0, 0, &c);
+  dynemb_table *t = tier_table("room", 4, 10, 20, &c);
+  if (!src || !t) return;
+  int64_t k[15];
+  float row[4], want[4];
+  for (int i = 0; i < 15; i++) {
+    k[i] = i;
+    CHECK_OK(dynemb_lookup(src, &k[i], 1, DYNEMB_LOOKUP_TRAIN, i < 10 ? 0 : 100,
+                           row));
+  }
+  dynemb_snapshot snap;
+  CHECK_OK(dynemb_table_snapshot(src, &snap));
+  CHECK_OK(dynemb_table_import(t, &snap, 0, 0, 0));
+  dynemb_snapshot_free(&snap);
+  dynemb_table_stats st;
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.host_rows == 10 && st.ssd_rows == 5);
+  CHECK_OK(dynemb_table_set_eviction_threshold(t, 5));
+  size_t ev = 0;
+  CHECK_OK(dynemb_evict(t, 100, &ev));
+  dynemb_table_get_stats(t, &st);
+  CHECK(ev == 10 && st.host_rows == 0 && st.ssd_rows == 5);
+  CHECK_OK(dynemb_lookup(t, &k[12], 1, DYNEMB_LOOKUP_TRAIN, 101, row));
+  CHECK_OK(dynemb_lookup(src, &k[12], 1, DYNEMB_LOOKUP_EVAL, 101, want));
+  CHECK(memcmp(row, want, sizeof row) == 0);
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.size == 5 && st.host_rows == 1 && st.ssd_rows == 4);
+  dynemb_table_release(t);
+  dynemb_table_release(src);
+  dynemb_registry_clear();
+}
+
 /* Memory holds 8 of 3000 rows in one shard: the rows to move out are rare
  * in the index (the scan after the hand meets few), so they are drawn among
  * the memory slots; the budget holds exactly and nothing is lost. */
@@ -445,6 +483,7 @@ int main(void) {
   RUN(test_same_results_ftrl);
   RUN(test_checkpoint_candidates_streamed);
   RUN(test_full_evict_clear);
+  RUN(test_promote_into_room);
   RUN(test_sparse_memory);
   RUN(test_disk_refuses_writes);
   return check_summary();
