@@ -212,6 +212,20 @@ def build_dynemb(tf, cfg: Dict) -> Dict:
             "pipeline": rebuilt[0].outputs}
 
 
+def train_tf_tables(tf, cfg: Dict, it, features, label, deep: List, wide_w,
+                    tables: List) -> Dict:
+    """The loss and train op over TF variables as tables (native, embedding_free):
+    Adam on the dense weights, TF's Adagrad on the tables, one backward pass."""
+    loss, dense_vars = wide_deep_loss(tf, deep, wide_w, features["dense"], label, cfg["seed"])
+    grads = tf.gradients(loss, dense_vars + tables)
+    nd = len(dense_vars)
+    train_op = tf.group(dense_optimizer(tf).apply_gradients(zip(grads[:nd], dense_vars)),
+                        sparse_adagrad_tf(tf).apply_gradients(zip(grads[nd:], tables)))
+    return {"train_op": train_op, "loss": loss,
+            "init": [tf.compat.v1.global_variables_initializer(), it.initializer],
+            "pipeline": features}
+
+
 def build_tf_native(tf, cfg: Dict) -> Dict:
     it, features, label = make_iterator(tf, cfg["data_file"])
     buckets, wide_buckets = cfg["native_buckets"], cfg["native_wide_buckets"]
@@ -226,14 +240,7 @@ def build_tf_native(tf, cfg: Dict) -> Dict:
     tables.append(wide)
     wide_w = tf.nn.embedding_lookup(wide, tf.math.floormod(field_aware_ids(tf, features),
                                                            wide_buckets))
-    loss, dense_vars = wide_deep_loss(tf, deep, wide_w, features["dense"], label, cfg["seed"])
-    grads = tf.gradients(loss, dense_vars + tables)
-    nd = len(dense_vars)
-    train_op = tf.group(dense_optimizer(tf).apply_gradients(zip(grads[:nd], dense_vars)),
-                        sparse_adagrad_tf(tf).apply_gradients(zip(grads[nd:], tables)))
-    return {"train_op": train_op, "loss": loss,
-            "init": [tf.compat.v1.global_variables_initializer(), it.initializer],
-            "pipeline": features}
+    return train_tf_tables(tf, cfg, it, features, label, deep, wide_w, tables)
 
 
 def build_tfra(tf, cfg: Dict) -> Dict:
@@ -276,15 +283,7 @@ def build_embedding_free(tf, cfg: Dict) -> Dict:
     wide = tf.compat.v1.get_variable("free_wide", [rows * NUM_CAT, 1],
                                      initializer=tf.compat.v1.zeros_initializer())
     tables.append(wide)
-    loss, dense_vars = wide_deep_loss(tf, deep, tf.identity(wide), features["dense"], label,
-                                      cfg["seed"])
-    grads = tf.gradients(loss, dense_vars + tables)
-    nd = len(dense_vars)
-    train_op = tf.group(dense_optimizer(tf).apply_gradients(zip(grads[:nd], dense_vars)),
-                        sparse_adagrad_tf(tf).apply_gradients(zip(grads[nd:], tables)))
-    return {"train_op": train_op, "loss": loss,
-            "init": [tf.compat.v1.global_variables_initializer(), it.initializer],
-            "pipeline": features}
+    return train_tf_tables(tf, cfg, it, features, label, deep, tf.identity(wide), tables)
 
 
 BUILDERS = {"dynemb": build_dynemb, "tf_native": build_tf_native, "tfra": build_tfra,

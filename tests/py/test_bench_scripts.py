@@ -20,12 +20,15 @@ def _last_json(*args: str) -> dict:
 
 
 def test_tf_train_json():
-    j = _last_json("bench/tf_train.py", "--json", "--variants", "dynemb,tf_native",
-                   "--repeats", "1", "--steps", "6", "--warmup", "2")
+    j = _last_json("bench/tf_train.py", "--json", "--variants",
+                   "dynemb,tf_native,embedding_free", "--repeats", "1", "--steps", "6",
+                   "--warmup", "2")
     assert j["dynemb_samples_per_s"] > 0 and j["tf_native_samples_per_s"] > 0
     assert j["vs_tf_native"] > 0 and j["tfra_samples_per_s"] is None
-    (run,) = j["runs"]["dynemb"]
-    assert run["loss_last"] < run["loss_first"]  # it trains
+    assert j["embedding_free_samples_per_s"] > 0 and j["bound_vs_tf_native"] > 0
+    for v in ("dynemb", "embedding_free"):
+        (run,) = j["runs"][v]
+        assert run["loss_last"] < run["loss_first"], v  # it trains
     assert j["config"]["source"]["ops_lib_sha256"]
 
 
