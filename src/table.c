@@ -252,7 +252,8 @@ void dynemb_table_destroy(dynemb_table *t) {
       dynemb_index_free(&sh->cands);
       dynemb_arena_free(&sh->arena);
       free(sh->slot_key);
-      free(sh->slot_used);
+      free(sh->host_pos);
+      free(sh->host_list);
       pthread_rwlock_destroy(&sh->lock);
     }
     free(t->shards);
@@ -489,10 +490,10 @@ static inline int on_host(uint32_t loc) {
 
 #define VICTIM_SAMPLE 8 /* rows in memory compared for each one moved */
 #define VICTIM_SCAN 128 /* index entries looked at for them first */
-#define VICTIM_TRIES 64 /* then random host slots, before a walk */
+#define NO_HOST_POS UINT32_MAX
 
-/* The host slots' keys (table.h, dynemb_shard.slot_key) of a table with an
- * SSD tier: room for slots [0, n). */
+/* The host slots' keys and list (table.h, dynemb_shard.slot_key) of a
+ * table with an SSD tier: room for slots [0, n). */
 static int slots_reserve(dynemb_shard *sh, uint64_t n) {
   if (n <= sh->slot_cap) return DYNEMB_OK;
   uint64_t cap = sh->slot_cap ? sh->slot_cap : 64;
@@ -500,10 +501,13 @@ static int slots_reserve(dynemb_shard *sh, uint64_t n) {
   int64_t *k = realloc(sh->slot_key, cap * sizeof *k);
   if (!k) return DYNEMB_ENOMEM;
   sh->slot_key = k;
-  uint8_t *u = realloc(sh->slot_used, cap);
-  if (!u) return DYNEMB_ENOMEM;
-  memset(u + sh->slot_cap, 0, cap - sh->slot_cap);
-  sh->slot_used = u;
+  uint32_t *l = realloc(sh->host_list, cap * sizeof *l);
+  if (!l) return DYNEMB_ENOMEM;
+  sh->host_list = l;
+  uint32_t *p = realloc(sh->host_pos, cap * sizeof *p);
+  if (!p) return DYNEMB_ENOMEM;
+  memset(p + sh->slot_cap, 0xff, (cap - sh->slot_cap) * sizeof *p);
+  sh->host_pos = p;
   sh->slot_cap = cap;
   return DYNEMB_OK;
 }
@@ -516,12 +520,23 @@ static int slot_taken(const dynemb_table *t, dynemb_shard *sh, uint32_t slot,
   int rc = slots_reserve(sh, (uint64_t)slot + 1);
   if (rc) return rc;
   sh->slot_key[slot] = key;
-  sh->slot_used[slot] = 1;
+  sh->host_pos[slot] = (uint32_t)sh->host_count;
+  sh->host_list[sh->host_count++] = slot;
   return DYNEMB_OK;
 }
 
 static void slot_freed(dynemb_shard *sh, uint32_t slot) {
-  if (slot < sh->slot_cap) sh->slot_used[slot] = 0;
+  if (slot >= sh->slot_cap || sh->host_pos[slot] == NO_HOST_POS) return;
+  const uint32_t pos = sh->host_pos[slot], last = sh->host_list[--sh->host_count];
+  sh->host_list[pos] = last; /* the last one takes its place */
+  sh->host_pos[last] = pos;
+  sh->host_pos[slot] = NO_HOST_POS;
+}
+
+/* No slot of the shard holds a row in memory (clear, replace). */
+static void slots_clear(dynemb_shard *sh) {
+  if (sh->slot_cap) memset(sh->host_pos, 0xff, sh->slot_cap * sizeof *sh->host_pos);
+  sh->host_count = 0;
 }
 
 static inline uint64_t shard_rand(dynemb_shard *sh) { /* xorshift64 */
@@ -542,55 +557,54 @@ static int full_error(const dynemb_table *t) {
 }
 
 /* Moves one row of shard `sh` (write-locked) from host memory to the SSD
- * tier: the least recently accessed of up to VICTIM_SAMPLE rows in memory
- * met in the index after the shard's hand (VICTIM_SCAN entries) or, where
- * they are rare there, drawn at random among the host slots (VICTIM_TRIES
- * draws, then a walk over the slots), never `keep` (may be NULL).
+ * tier: the least recently accessed of VICTIM_SAMPLE rows in memory, never
+ * `keep` (may be NULL). Where rows in memory are at least an eighth of the
+ * shard's rows, they are the ones met in the index after the shard's hand
+ * (within VICTIM_SCAN entries: a few cache lines, read in order); the rest
+ * of the sample is drawn at random from the list of rows in memory (and if
+ * every draw met `keep`, the first other row of the list is taken).
  * *moved = 0 when the shard has no such row. Each move bumps the
  * shard's generation, so every hint made before it goes stale: a hint can
  * never name a slot whose row has moved. The row goes to record *spare
  * when that is not NO_RECORD (then taken: set to NO_RECORD), else to a
  * new one. Errors: ECAPACITY (the SSD tier is full; no message), EIO. */
 #define NO_RECORD UINT32_MAX
+static dynemb_index_entry *host_entry(dynemb_shard *sh, uint32_t slot) {
+  const int64_t key = sh->slot_key[slot];
+  return dynemb_index_find(&sh->rows, key, dynemb_hash_key(key));
+}
+
 static int demote_one(dynemb_table *t, dynemb_shard *sh,
                       const dynemb_index_entry *keep, uint32_t *spare,
                       int *moved) {
   *moved = 0;
-  const uint64_t n = sh->arena.slots < sh->slot_cap ? sh->arena.slots
-                                                    : sh->slot_cap;
-  if (!n || !sh->rows.count) return DYNEMB_OK;
+  const uint64_t hosts = sh->host_count;
+  if (!hosts) return DYNEMB_OK;
   dynemb_index_entry *best = NULL;
   int seen = 0;
-  /* 1. the index entries after the shard's hand: where rows in memory are
-   * not rare, they are met within a few cache lines */
+  /* 1. dense: the index entries after the shard's hand */
   dynemb_index *ix = &sh->rows;
-  uint64_t i = sh->hand < ix->cap ? sh->hand : 0;
-  for (uint64_t k = 0; k < VICTIM_SCAN && k < ix->cap && seen < VICTIM_SAMPLE; k++) {
-    dynemb_index_entry *e = ix->slots + i;
-    if (++i == ix->cap) i = 0;
-    if (e->loc == DYNEMB_LOC_EMPTY || !on_host(e->loc) || e == keep) continue;
-    seen++;
+  if (hosts * 8 >= ix->count) {
+    uint64_t i = sh->hand < ix->cap ? sh->hand : 0;
+    for (uint64_t k = 0; k < VICTIM_SCAN && k < ix->cap && seen < VICTIM_SAMPLE;
+         k++) {
+      dynemb_index_entry *e = ix->slots + i;
+      if (++i == ix->cap) i = 0;
+      if (e->loc == DYNEMB_LOC_EMPTY || !on_host(e->loc) || e == keep) continue;
+      seen++;
+      if (!best || LOAD(&e->last_access) < LOAD(&best->last_access)) best = e;
+    }
+    sh->hand = i;
+  }
+  /* 2. random draws among the rows in memory */
+  for (int k = seen; k < VICTIM_SAMPLE; k++) {
+    dynemb_index_entry *e = host_entry(sh, sh->host_list[shard_rand(sh) % hosts]);
+    if (!e || e == keep) continue;
     if (!best || LOAD(&e->last_access) < LOAD(&best->last_access)) best = e;
   }
-  sh->hand = i;
-  /* 2. where they are rare: host slots drawn at random, then a walk from a
-   * random slot over all of them (so a row in memory is always found) */
-  uint64_t walk = shard_rand(sh) % n;
-  for (uint64_t k = 0; k < VICTIM_TRIES + n && seen < VICTIM_SAMPLE; k++) {
-    uint64_t slot;
-    if (k < VICTIM_TRIES) {
-      slot = shard_rand(sh) % n;
-    } else {
-      slot = walk;
-      if (++walk == n) walk = 0;
-    }
-    if (!sh->slot_used[slot]) continue;
-    const int64_t key = sh->slot_key[slot];
-    dynemb_index_entry *e =
-        dynemb_index_find(&sh->rows, key, dynemb_hash_key(key));
-    if (!e || e == keep || !on_host(e->loc)) continue;
-    seen++;
-    if (!best || LOAD(&e->last_access) < LOAD(&best->last_access)) best = e;
+  for (uint64_t k = 0; !best && k < hosts; k++) {
+    dynemb_index_entry *e = host_entry(sh, sh->host_list[k]);
+    if (e && e != keep) best = e;
   }
   if (!best) return DYNEMB_OK;
   uint32_t rec = *spare;
@@ -1660,7 +1674,7 @@ void dynemb_table_clear(dynemb_table *t) {
     dynemb_index_reset(&sh->rows);
     dynemb_index_reset(&sh->cands);
     dynemb_arena_free(&sh->arena);
-    if (sh->slot_cap) memset(sh->slot_used, 0, sh->slot_cap);
+    slots_clear(sh);
     sh->gen++;
   }
   dynemb_slab_pool_release(&t->pool);
@@ -2152,7 +2166,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
         dynemb_index_clear_keep(&sh->rows);
         dynemb_index_clear_keep(&sh->cands);
         dynemb_arena_clear_keep(&sh->arena);
-        if (sh->slot_cap) memset(sh->slot_used, 0, sh->slot_cap);
+        slots_clear(sh);
       }
       dynemb_ssd_reset(&t->ssd);
     }

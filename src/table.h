@@ -32,11 +32,14 @@ typedef struct dynemb_shard {
    * their slots: eviction that removed rows, clear, import. A row hint
    * (dynemb_prepare_hints) is valid while it carries the current value. */
   uint32_t gen;
-  /* SSD tier only: the key of each slot in host memory (slot_used marks
-   * the slots in use), so that a move out samples rows in memory directly,
-   * and the sampler's random state. */
+  /* SSD tier only: the key of each slot in host memory and the slots in
+   * use as a dense list (host_list[0 .. host_count), host_pos[slot] its
+   * place there or NO_HOST_POS), so that a move out samples rows in memory
+   * directly, and the sampler's random state. */
   int64_t *slot_key;
-  uint8_t *slot_used;
+  uint32_t *host_pos;
+  uint32_t *host_list;
+  uint64_t host_count;
   uint64_t slot_cap;
   uint64_t rng;
   uint64_t hand; /* where the next scan of the index for such rows starts */
