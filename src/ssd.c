@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "dynemb.h"
@@ -255,6 +256,43 @@ int dynemb_ssd_read(dynemb_ssd *s, uint32_t rec, float *emb, float *slots) {
   if (slots && s->slot_bytes) memcpy(slots, p + s->emb_bytes, s->slot_bytes);
   __atomic_add_fetch(&s->reads, 1, RELAXED);
   return DYNEMB_OK;
+}
+
+int dynemb_ssd_readahead_wanted(const dynemb_ssd *s) {
+  return __atomic_load_n(&s->ra_left, RELAXED) > 0;
+}
+
+void dynemb_ssd_willneed(const dynemb_ssd *s, const uint32_t *recs, size_t n) {
+  const uintptr_t pg = (uintptr_t)page_bytes();
+  uintptr_t run_a = 0, run_z = 0; /* pages advised last (merged runs) */
+  for (size_t i = 0; i < n; i++) {
+    if ((uint64_t)recs[i] >= __atomic_load_n(&s->high, RELAXED)) continue;
+    const char *seg =
+        __atomic_load_n(&s->segs[recs[i] >> s->seg_shift], __ATOMIC_ACQUIRE);
+    const uintptr_t p =
+        (uintptr_t)seg + (recs[i] & (s->seg_records - 1)) * s->rec_bytes;
+    const uintptr_t a = p & ~(pg - 1), z = (p + s->rec_bytes + pg - 1) & ~(pg - 1);
+    if (a >= run_a && z <= run_z) continue;
+    (void)madvise((void *)a, z - a, MADV_WILLNEED); /* only advice */
+    run_a = a;
+    run_z = z;
+  }
+}
+
+uint64_t dynemb_ssd_thread_major_faults(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
+  return (uint64_t)ru.ru_majflt;
+}
+
+void dynemb_ssd_note_faults(dynemb_ssd *s, uint64_t major_faults,
+                            int read_ahead) {
+  if (major_faults) {
+    __atomic_store_n(&s->ra_left, DYNEMB_SSD_READAHEAD_CALLS, RELAXED);
+  } else if (read_ahead) {
+    uint32_t left = __atomic_load_n(&s->ra_left, RELAXED);
+    if (left) __atomic_store_n(&s->ra_left, left - 1, RELAXED);
+  }
 }
 
 void dynemb_ssd_reset(dynemb_ssd *s) {

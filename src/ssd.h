@@ -62,6 +62,9 @@ typedef struct dynemb_ssd {
   uint64_t used; /* records holding a row now */
   uint64_t file_bytes; /* the file's allocated length */
   uint64_t reads, writes; /* records read / written (relaxed atomics) */
+  /* readahead policy (relaxed atomics): calls left that advise the kernel
+   * of their records before reading them (dynemb_ssd_note_faults) */
+  uint32_t ra_left;
 } dynemb_ssd;
 
 /* A store that is off (fd -1); dynemb_ssd_close on it is a no-op. */
@@ -103,6 +106,25 @@ static inline void dynemb_ssd_prefetch(const dynemb_ssd *s, uint32_t rec) {
        a < (uintptr_t)p + s->rec_bytes; a += 64)
     __builtin_prefetch((const void *)a, 0, 2);
 }
+
+/* Reads of records whose pages the kernel dropped from the page cache are
+ * synchronous page faults, one 4 KiB read at a time (~50 us each on the
+ * benchmark VM's disk). A call that is about to read many records can ask
+ * for all of them at once (dynemb_ssd_willneed: MADV_WILLNEED per record,
+ * asynchronous readahead that keeps the device's queue full; measured 4x
+ * on that disk), but that costs a system call per record when the pages
+ * are in memory anyway. So it is done only while reads fault: a caller
+ * asks dynemb_ssd_readahead_wanted, reads, and reports the major faults
+ * its thread took meanwhile (dynemb_ssd_thread_major_faults) with
+ * dynemb_ssd_note_faults; any major fault turns readahead on for the next
+ * DYNEMB_SSD_READAHEAD_CALLS calls, which count it down when they fault
+ * no more. */
+#define DYNEMB_SSD_READAHEAD_CALLS 16
+int dynemb_ssd_readahead_wanted(const dynemb_ssd *s);
+void dynemb_ssd_willneed(const dynemb_ssd *s, const uint32_t *recs, size_t n);
+uint64_t dynemb_ssd_thread_major_faults(void);
+void dynemb_ssd_note_faults(dynemb_ssd *s, uint64_t major_faults,
+                            int read_ahead);
 
 /* Frees every record and truncates the file (table clear / replace); the
  * segments stay mapped, so no record may be in use by another thread. */

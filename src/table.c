@@ -849,9 +849,12 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
   const size_t S = t->nshards, dim = (size_t)t->dim;
   const size_t rbytes = dim * sizeof(float);
   /* scratch: hashes [n], per-shard index growth [S], misses [n],
-   * per-shard counts [S + 1], marks [S] */
+   * per-shard counts [S + 1], marks [S]; with an SSD tier, the records of
+   * rows there [n] and (eval) their batch positions [n] */
+  const int ssd = dynemb_ssd_on(&t->ssd);
   char *mem = malloc(n * (sizeof(uint64_t) + 2 * sizeof(uint32_t)) +
-                     S * sizeof(double) + (S + 1) * sizeof(uint32_t) + S + 8);
+                     S * sizeof(double) + (S + 1) * sizeof(uint32_t) + S + 8 +
+                     (ssd ? 2 * n * sizeof(uint32_t) : 0));
   if (!mem)
     return dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory for a lookup batch of "
@@ -862,7 +865,8 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
   uint32_t *miss = (uint32_t *)(grow + S);
   uint32_t *order = miss + n;
   uint32_t *cnt = order + n;
-  unsigned char *mark = (unsigned char *)(cnt + S + 1);
+  uint32_t *recs = ssd ? cnt + S + 1 : NULL, *at = ssd ? recs + n : NULL;
+  unsigned char *mark = (unsigned char *)(cnt + S + 1 + (ssd ? 2 * n : 0));
   memset(mark, 0, S);
   for (size_t i = 0; i < n; i++) {
     uint64_t h = dynemb_hash_key(keys[i]);
@@ -873,7 +877,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
     if (mark[s]) pthread_rwlock_rdlock(&t->shards[s].lock);
 
   const float *ring[RING];
-  uint32_t nmiss = 0;
+  uint32_t nmiss = 0, nrec = 0;
   uint64_t hits = 0;
   int io_rc = DYNEMB_OK; /* an SSD read failed (message set) */
   const float *dflt = train ? NULL : t->default_value;
@@ -897,10 +901,10 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
         lc->on_ssd++;
         if (train) { /* brought into memory under the write lock */
           miss[nmiss++] = (uint32_t)i;
-        } else { /* read in place: eval never changes the table */
-          if (out && !io_rc)
-            io_rc = dynemb_ssd_read(&t->ssd, DYNEMB_LOC_SLOT(e->loc),
-                                    out + i * dim, NULL);
+          recs[nrec++] = DYNEMB_LOC_SLOT(e->loc);
+        } else { /* read in place below: eval never changes the table */
+          at[nrec] = (uint32_t)i;
+          recs[nrec++] = DYNEMB_LOC_SLOT(e->loc);
           hits++;
         }
         r = NULL;
@@ -921,6 +925,18 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       const float *r = ring[c % RING];
       if (r && out) memcpy(out + c * dim, r, rbytes);
     }
+  }
+  /* eval: the rows on the SSD tier, read in place (all records advised
+   * first while the tier's reads fault: ssd.h) */
+  if (!train && nrec && out) {
+    const int ra = dynemb_ssd_readahead_wanted(&t->ssd);
+    if (ra) dynemb_ssd_willneed(&t->ssd, recs, nrec);
+    const uint64_t f0 = dynemb_ssd_thread_major_faults();
+    for (uint32_t k = 0; k < nrec && !io_rc; k++) {
+      if (k + ROW_PF < nrec) dynemb_ssd_prefetch(&t->ssd, recs[k + ROW_PF]);
+      io_rc = dynemb_ssd_read(&t->ssd, recs[k], out + (size_t)at[k] * dim, NULL);
+    }
+    dynemb_ssd_note_faults(&t->ssd, dynemb_ssd_thread_major_faults() - f0, ra);
   }
   const uint32_t threshold = LOAD(&t->access_threshold);
   if (nmiss) {
@@ -959,6 +975,11 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
     if (t->slots)
       dynemb_slab_pool_prefault(&t->slot_pool,
                                 2 * (size_t)nmiss * emb_b * (size_t)t->slots);
+    /* the rows to bring back from the SSD tier: advised all at once while
+     * the tier's reads fault (ssd.h) */
+    const int ra = nrec && dynemb_ssd_readahead_wanted(&t->ssd);
+    if (ra) dynemb_ssd_willneed(&t->ssd, recs, nrec);
+    const uint64_t f0 = nrec ? dynemb_ssd_thread_major_faults() : 0;
     uint32_t begin = 0;
     for (size_t s = 0; s < S && !rc; s++) {
       uint32_t end = cnt[s];
@@ -974,6 +995,8 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       }
       begin = end;
     }
+    if (nrec)
+      dynemb_ssd_note_faults(&t->ssd, dynemb_ssd_thread_major_faults() - f0, ra);
   }
   free(mem);
   return rc;

@@ -22,6 +22,7 @@
 #include "init.h"
 #include "optim.h"
 #include "ssd.h"
+#include "table.h"
 
 static const char *tmpdir(void) {
   const char *t = getenv("TMPDIR");
@@ -69,6 +70,34 @@ static void test_store_records(void) {
   CHECK(strstr(dynemb_last_error(), "store") != NULL);
   dynemb_ssd_close(&s);
   dynemb_ssd_close(&s); /* closing twice is harmless */
+}
+
+/* The readahead policy (ssd.h): a major fault turns it on for
+ * DYNEMB_SSD_READAHEAD_CALLS calls that count it down while they fault no
+ * more; calls without readahead and without faults change nothing. */
+static void test_readahead_policy(void) {
+  dynemb_ssd s;
+  CHECK_OK(dynemb_ssd_open(&s, tmpdir(), "ra", 16, 0, 64));
+  CHECK(!dynemb_ssd_readahead_wanted(&s));
+  dynemb_ssd_note_faults(&s, 0, 0);
+  CHECK(!dynemb_ssd_readahead_wanted(&s));
+  dynemb_ssd_note_faults(&s, 3, 0);
+  for (int i = 0; i < DYNEMB_SSD_READAHEAD_CALLS; i++) {
+    CHECK(dynemb_ssd_readahead_wanted(&s));
+    dynemb_ssd_note_faults(&s, i == 5 ? 1 : 0, 1); /* a fault: from the top */
+  }
+  /* 16 from the fault at call 5, 10 counted down since: 6 left */
+  for (int i = 0; i < 5; i++) dynemb_ssd_note_faults(&s, 0, 1);
+  CHECK(dynemb_ssd_readahead_wanted(&s));
+  dynemb_ssd_note_faults(&s, 0, 1);
+  CHECK(!dynemb_ssd_readahead_wanted(&s));
+  /* advising records (also never handed out ones) is harmless */
+  uint32_t r[3];
+  for (int i = 0; i < 3; i++) CHECK_OK(dynemb_ssd_alloc(&s, &r[i]));
+  uint32_t recs[5] = {r[0], r[2], r[1], 40, r[0]};
+  dynemb_ssd_willneed(&s, recs, 5);
+  CHECK(dynemb_ssd_thread_major_faults() < UINT64_MAX);
+  dynemb_ssd_close(&s);
 }
 
 /* ---- tables with and without the tier ------------------------------------ */
@@ -148,6 +177,9 @@ static void run_pair(int opt, int shards) {
     for (int i = 0; i < n; i++) /* a hot set of 40 keys, the rest rare */
       keys[i] = (int64_t)(rnd() % 4 ? rnd() % 40 : rnd() % KEYS) * 7919 - 1000;
     uint64_t op = rnd() % 4;
+    /* in half of the steps the tier reads as if they had faulted: calls
+     * advise their records first (ssd.h; the same rows must come out) */
+    if (rnd() % 2) dynemb_ssd_note_faults(&b->ssd, 1, 0);
     if (op == 0) { /* train lookup */
       CHECK_OK(dynemb_lookup(a, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, oa));
       CHECK_OK(dynemb_lookup(b, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, ob));
@@ -477,6 +509,7 @@ static void test_disk_refuses_writes(void) {
 
 int main(void) {
   RUN(test_store_records);
+  RUN(test_readahead_policy);
   RUN(test_same_results_sgd);
   RUN(test_same_results_adagrad);
   RUN(test_same_results_adam);
