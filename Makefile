@@ -136,8 +136,8 @@ bench: all
 SSD_DIR ?= build/ssd-bench
 bench-ssd: all
 	mkdir -p $(SSD_DIR)
-	./build/dynemb bench --rows 1000000 --dim 64 --batch 4096 --dist uniform --threads 2 --skip-stall --host-rows 200000 --ssd-dir $(SSD_DIR) --json
-	./build/dynemb bench --rows 1000000 --dim 64 --batch 4096 --dist zipf:1.05 --threads 2 --skip-stall --host-rows 200000 --ssd-dir $(SSD_DIR) --json
+	./build/dynemb bench --rows 1000000 --dim 64 --batch 4096 --dist uniform --threads 2 --skip-stall --host-rows 200000 --ssd-dir $(SSD_DIR) --ssd-cold --json
+	./build/dynemb bench --rows 1000000 --dim 64 --batch 4096 --dist zipf:1.05 --threads 2 --skip-stall --host-rows 200000 --ssd-dir $(SSD_DIR) --ssd-cold --json
 
 clean:
 	rm -rf build

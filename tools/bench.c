@@ -62,6 +62,7 @@
 #include "cmds.h"
 #include "dynemb.h"
 #include "optim.h" /* the engine's per-row Adam, for the Adam limit */
+#include "table.h" /* --ssd-cold: the tier's mappings, to page them out */
 
 /* ------------------------------------------------------------------------ */
 /* Options                                                                   */
@@ -86,9 +87,12 @@ typedef struct bench_opts {
   size_t stall_batch;
   int hugepages;  /* advise huge pages for the flat gather array */
   int skip_stall; /* no stall pass (quicker profiling runs) */
+  int ssd_cold;   /* --ssd-cold: also read with the tier's pages out */
   uint64_t host_rows;    /* --host-rows: memory budget of an SSD tier */
   const char *ssd_dir;   /* --ssd-dir: the tier's directory, or NULL */
 } bench_opts;
+
+#define COLD_BATCHES 4 /* --ssd-cold: timed batches per thread per phase */
 
 static void bench_usage(FILE *f) {
   fprintf(
@@ -99,7 +103,7 @@ static void bench_usage(FILE *f) {
       "                    [--seed N] [--min-time SECONDS] [--stall-batch N]\n"
       "                    [--no-hugepages] [--skip-stall]\n"
       "                    [--init uniform|normal|truncated_normal]\n"
-      "                    [--host-rows H --ssd-dir DIR]\n"
+      "                    [--host-rows H --ssd-dir DIR [--ssd-cold]]\n"
       "\n"
       "  --rows R          rows in the table (1 .. 4294967295)\n"
       "  --dim D           embedding width (1 .. 65536)\n"
@@ -120,7 +124,11 @@ static void bench_usage(FILE *f) {
       "  --skip-stall      skip the stall pass (max_stall_ms is then null)\n"
       "  --host-rows H     with --ssd-dir: tables keep H rows in memory and\n"
       "  --ssd-dir DIR     the rest in an SSD tier file in DIR; adds the\n"
-      "                    ssd read limit phase\n");
+      "                    ssd read limit phase\n"
+      "  --ssd-cold        with a tier: also time eval and train lookups\n"
+      "                    and the read limit right after their files'\n"
+      "                    pages are written back and dropped from memory\n"
+      "                    (%d batches per thread each)\n", COLD_BATCHES);
 }
 
 static int bench_bad(const char *fmt, const char *arg) {
@@ -200,6 +208,9 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       continue;
     } else if (!strcmp(a, "--skip-stall")) {
       o->skip_stall = 1;
+      continue;
+    } else if (!strcmp(a, "--ssd-cold")) {
+      o->ssd_cold = 1;
       continue;
     }
     if (strncmp(a, "--", 2))
@@ -301,6 +312,9 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   if (!o->host_rows != !o->ssd_dir)
     return bench_bad("%s", "--host-rows and --ssd-dir go together (an SSD "
                            "tier needs both)");
+  if (o->ssd_cold && !o->ssd_dir)
+    return bench_bad("%s", "--ssd-cold needs an SSD tier (--host-rows and "
+                           "--ssd-dir)");
   if (o->ssd_dir && o->host_rows >= o->rows)
     return bench_bad("%s", "--host-rows must be below --rows, or no row "
                            "would reach the SSD tier");
@@ -495,6 +509,7 @@ typedef struct bench {
   const char *limit_map; /* ... mapped whole (NULL: none) */
   size_t limit_bytes;
   size_t record_bytes; /* ...and the tier's record size (row_floats x 4) */
+  int cold; /* a --ssd-cold phase: no warm-up, COLD_BATCHES batches */
 } bench;
 
 typedef enum phase_kind {
@@ -735,8 +750,9 @@ static void *worker_main(void *arg) {
   }
   size_t nb = b->pool_batches;
   uint64_t unique = 0;
-  /* Warm-up: half the pool (at least one batch), untimed. */
-  size_t warm = nb / 2 ? nb / 2 : 1;
+  /* Warm-up: half the pool (at least one batch), untimed; none in the cold
+   * phases, whose point is what comes before the pages are back. */
+  size_t warm = b->cold ? 0 : nb / 2 ? nb / 2 : 1;
   for (size_t i = 0; i < warm; i++) {
     int rc = run_batch(w, i % nb, &unique);
     if (rc != DYNEMB_OK) {
@@ -763,7 +779,7 @@ static void *worker_main(void *arg) {
     w->items += b->o.batch;
     w->calls++;
     bi = (bi + 1) % nb;
-  } while (t - t0 < b->o.min_time);
+  } while (b->cold ? w->calls < COLD_BATCHES : t - t0 < b->o.min_time);
   w->secs = t - t0;
   w->cpu_secs = thread_cpu_s() - c_0;
   w->unique_sum = unique;
@@ -977,6 +993,35 @@ static void make_limit_file(bench *b) {
   b->limit_bytes = (size_t)total;
 }
 
+/* --ssd-cold: writes the tier's file back and drops its pages from memory
+ * (and the limit file's), so that the next reads fault them in from the
+ * disk. MADV_PAGEOUT (Linux 5.4) reclaims mapped pages; the limit file's
+ * cached pages that were never mapped go with POSIX_FADV_DONTNEED. */
+static void page_out(bench *b) {
+  const dynemb_ssd *s = &b->table->ssd;
+  for (uint64_t i = 0; i < s->nsegs; i++) {
+    if (!s->segs[i]) continue;
+    (void)msync(s->segs[i], s->seg_bytes, MS_SYNC);
+    if (madvise(s->segs[i], s->seg_bytes, MADV_PAGEOUT) != 0) {
+      fprintf(stderr, "dynemb bench: --ssd-cold: MADV_PAGEOUT failed (%s); "
+              "it needs Linux 5.4 or later\n", strerror(errno));
+      exit(1);
+    }
+  }
+  (void)madvise((void *)(uintptr_t)b->limit_map, b->limit_bytes, MADV_PAGEOUT);
+  (void)posix_fadvise(b->limit_fd, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+static phase_result cold_phase(bench *b, worker *ws, phase_kind ph,
+                               const char *what) {
+  page_out(b);
+  b->cold = 1;
+  phase_result r = run_phase(b, ws, ph, ph == PH_SSD_LIMIT ? NULL : b->table,
+                             0, what);
+  b->cold = 0;
+  return r;
+}
+
 static void make_pools(bench *b, worker *ws) {
   const bench_opts *o = &b->o;
   zipf z;
@@ -1042,7 +1087,8 @@ static double loadavg_1m(void) {
 
 typedef struct results {
   phase_result touch, stall, insert, gplain, gpref, lookup, lookup_eval,
-      hinted, apply, apply_hinted, adam_limit, ssd_limit, ssd_pread;
+      hinted, apply, apply_hinted, adam_limit, ssd_limit, ssd_pread, cold_limit,
+      cold_eval, cold_train;
   int have_adam_limit; /* adam only */
   double gather_limit;
   double lookup_vs_gather, apply_vs_gather, apply_vs_adam_limit, overhead;
@@ -1171,8 +1217,21 @@ static void print_json(const bench *b, const results *r) {
            s->ssd_rows, s->ssd_reads, s->ssd_writes, s->ssd_bytes,
            s->ssd_lookups,
            s->hits ? 1.0 - (double)s->ssd_lookups / (double)s->hits : 0.0);
+    if (o->ssd_cold) {
+      const double cl = r->cold_limit.per_s;
+      printf("  \"ssd_cold\": {\"batches_per_thread\": %d, "
+             "\"read_limit_rows_per_s\": %.0f, \"lookup_eval_keys_per_s\": "
+             "%.0f, \"lookup_keys_per_s\": %.0f, "
+             "\"lookup_eval_vs_read_limit\": %.3f, "
+             "\"lookup_vs_read_limit\": %.3f},\n",
+             COLD_BATCHES, cl, r->cold_eval.per_s, r->cold_train.per_s,
+             cl > 0 ? r->cold_eval.per_s / cl : 0.0,
+             cl > 0 ? r->cold_train.per_s / cl : 0.0);
+    } else {
+      printf("  \"ssd_cold\": null,\n");
+    }
   } else {
-    printf("  \"ssd_tier\": null,\n");
+    printf("  \"ssd_tier\": null,\n  \"ssd_cold\": null,\n");
   }
   printf("  \"stats\": {\"size\": %" PRIu64 ", \"capacity\": %" PRIu64
          ", \"candidates\": %" PRIu64 ", \"bytes\": %" PRIu64
@@ -1239,6 +1298,11 @@ static void print_human(const bench *b, const results *r) {
   if (o->ssd_dir) {
     printf("  %-28s %16.0f\n", "ssd read limit (rows/s)", r->ssd_limit.per_s);
     printf("  %-28s %16.0f\n", "  ssd by pread (rows/s)", r->ssd_pread.per_s);
+    if (o->ssd_cold) {
+      printf("  %-28s %16.0f\n", "cold: ssd read limit", r->cold_limit.per_s);
+      printf("  %-28s %16.0f\n", "cold: lookup eval (keys/s)", r->cold_eval.per_s);
+      printf("  %-28s %16.0f\n", "cold: lookup train (keys/s)", r->cold_train.per_s);
+    }
     printf("  %-28s %16" PRIu64 " / %" PRIu64 "\n", "rows in memory / on ssd",
            r->st.host_rows, r->st.ssd_rows);
   }
@@ -1429,6 +1493,11 @@ int dynemb_cmd_bench(int argc, char **argv) {
     make_limit_file(&b);
     r.ssd_limit = run_phase(&b, ws, PH_SSD_LIMIT, NULL, 0, "ssd read limit");
     r.ssd_pread = run_phase(&b, ws, PH_SSD_PREAD, NULL, 0, "ssd reads by pread");
+    if (o->ssd_cold) {
+      r.cold_limit = cold_phase(&b, ws, PH_SSD_LIMIT, "cold: ssd read limit");
+      r.cold_eval = cold_phase(&b, ws, PH_LOOKUP_EVAL, "cold: lookup (eval)");
+      r.cold_train = cold_phase(&b, ws, PH_LOOKUP_TRAIN, "cold: lookup (train)");
+    }
   }
 
   /* The limit once more, after the engine phases, so that a drift of the

@@ -61,9 +61,14 @@ def test_bench_json_is_complete_and_consistent():
 def test_bench_with_an_ssd_tier(tmp_path):
     r = _run("bench", "--rows", "20000", "--dim", "8", "--batch", "512", "--dist",
              "uniform", "--threads", "2", "--json", "--min-time", "0.02", "--skip-stall",
-             "--host-rows", "5000", "--ssd-dir", str(tmp_path))
+             "--host-rows", "5000", "--ssd-dir", str(tmp_path), "--ssd-cold")
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
+    c = j["ssd_cold"]  # the same reads right after the files' pages were dropped
+    assert c["batches_per_thread"] == 4 and c["read_limit_rows_per_s"] > 0
+    assert c["lookup_eval_keys_per_s"] > 0 and c["lookup_keys_per_s"] > 0
+    assert c["lookup_eval_vs_read_limit"] == pytest.approx(
+        c["lookup_eval_keys_per_s"] / c["read_limit_rows_per_s"], abs=2e-3)
     t = j["ssd_tier"]
     assert t["host_rows"] == 5000 and t["record_bytes"] == 8 * 3 * 4
     assert t["rows_in_memory_end"] + t["rows_on_ssd_end"] == j["stats"]["size"] == 20000
@@ -77,6 +82,10 @@ def test_bench_with_an_ssd_tier(tmp_path):
                  "uniform", "--threads", "1", "--json", "--min-time", "0.01",
                  "--skip-stall")
     assert json.loads(plain.stdout)["ssd_tier"] is None
+    assert json.loads(plain.stdout)["ssd_cold"] is None
+    bad = _run("bench", "--rows", "2000", "--dim", "4", "--batch", "64", "--dist",
+               "uniform", "--threads", "1", "--ssd-cold")
+    assert bad.returncode == 2 and "--ssd-cold" in bad.stderr
 
 
 @pytest.mark.parametrize("args, names", [
