@@ -258,6 +258,42 @@ int dynemb_ssd_read(dynemb_ssd *s, uint32_t rec, float *emb, float *slots) {
   return DYNEMB_OK;
 }
 
+void dynemb_ssd_prefault(dynemb_ssd *s, uint64_t nrec) {
+#ifdef MADV_POPULATE_WRITE
+  if (s->fd < 0 || !nrec) return;
+  pthread_mutex_lock(&s->mu);
+  if (s->high >= s->capacity) { /* full: nothing more is handed out */
+    pthread_mutex_unlock(&s->mu);
+    return;
+  }
+  /* within the segment of the next record (segments are 64 MiB: a call
+   * rarely needs more than one) */
+  uint64_t last = s->high + nrec - 1;
+  if (last >= s->capacity) last = s->capacity - 1;
+  const uint64_t seg = s->high >> s->seg_shift;
+  if ((last >> s->seg_shift) != seg) last = ((seg + 1) << s->seg_shift) - 1;
+  char *base = NULL;
+  uint64_t from = 0, to = 0;
+  if (s->high <= last && make_usable(s, last) == DYNEMB_OK) {
+    const uint64_t seg_off = seg * s->seg_bytes, pg = page_bytes();
+    from = s->populated > seg_off ? s->populated : seg_off;
+    from = from / pg * pg;
+    to = round_up(seg_off + ((last & (s->seg_records - 1)) + 1) * s->rec_bytes, pg);
+    if (to > s->file_bytes) to = s->file_bytes;
+    if (to > from) {
+      s->populated = to;
+      base = s->segs[seg] + (from - seg_off);
+    }
+  }
+  dynemb_error_clear(); /* a failed growth is reported by the alloc */
+  pthread_mutex_unlock(&s->mu);
+  if (base) (void)madvise(base, to - from, MADV_POPULATE_WRITE);
+#else
+  (void)s;
+  (void)nrec;
+#endif
+}
+
 int dynemb_ssd_readahead_wanted(const dynemb_ssd *s) {
   return __atomic_load_n(&s->ra_left, RELAXED) > 0;
 }
@@ -304,6 +340,7 @@ void dynemb_ssd_reset(dynemb_ssd *s) {
   /* only gives space back: errors change nothing. The segments stay
    * mapped (no record is in use) and see the file grow again later. */
   if (ftruncate(s->fd, 0) == 0) s->file_bytes = 0;
+  s->populated = 0;
   pthread_mutex_unlock(&s->mu);
 }
 

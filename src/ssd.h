@@ -61,6 +61,7 @@ typedef struct dynemb_ssd {
                     under mu, read with atomics) */
   uint64_t used; /* records holding a row now */
   uint64_t file_bytes; /* the file's allocated length */
+  uint64_t populated;  /* file bytes claimed by dynemb_ssd_prefault */
   uint64_t reads, writes; /* records read / written (relaxed atomics) */
   /* readahead policy (relaxed atomics): calls left that advise the kernel
    * of their records before reading them (dynemb_ssd_note_faults) */
@@ -106,6 +107,13 @@ static inline void dynemb_ssd_prefetch(const dynemb_ssd *s, uint32_t rec) {
        a < (uintptr_t)p + s->rec_bytes; a += 64)
     __builtin_prefetch((const void *)a, 0, 2);
 }
+
+/* Faults in, writable, the pages of the next `nrec` records past the
+ * high-water mark (growing the file over them first), so that moving rows
+ * there does not take two page faults per fresh page, contended between
+ * threads, under the caller's locks. Call it without locks held, before an
+ * insert-heavy call. Best effort: errors are left to dynemb_ssd_alloc. */
+void dynemb_ssd_prefault(dynemb_ssd *s, uint64_t nrec);
 
 /* Reads of records whose pages the kernel dropped from the page cache are
  * synchronous page faults, one 4 KiB read at a time (~50 us each on the

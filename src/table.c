@@ -975,6 +975,9 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
     if (t->slots)
       dynemb_slab_pool_prefault(&t->slot_pool,
                                 2 * (size_t)nmiss * emb_b * (size_t)t->slots);
+    /* rows moving out to the SSD tier (about one per miss) go to fresh
+     * records: their pages too */
+    if (ssd) dynemb_ssd_prefault(&t->ssd, 2 * (uint64_t)nmiss);
     /* the rows to bring back from the SSD tier: advised all at once while
      * the tier's reads fault (ssd.h) */
     const int ra = nrec && dynemb_ssd_readahead_wanted(&t->ssd);
