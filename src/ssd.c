@@ -138,14 +138,18 @@ void dynemb_ssd_close(dynemb_ssd *s) {
   dynemb_ssd_init_off(s);
 }
 
+/* The file offset where record `r` ends. */
+static uint64_t rec_end(const dynemb_ssd *s, uint64_t r) {
+  return (r >> s->seg_shift) * s->seg_bytes +
+         ((r & (s->seg_records - 1)) + 1) * s->rec_bytes;
+}
+
 /* Makes record `r` (the next one past the high-water mark) usable: grows
  * the file over it (by a step of at least GROW_MIN_BYTES and 1/8 of the
  * file, or, if the disk refuses that, by what the record needs) and maps
  * its segment. Caller holds s->mu. EIO with a message. */
 static int make_usable(dynemb_ssd *s, uint64_t r) {
-  const uint64_t seg = r >> s->seg_shift;
-  const uint64_t end = seg * s->seg_bytes +
-                       ((r & (s->seg_records - 1)) + 1) * s->rec_bytes;
+  const uint64_t seg = r >> s->seg_shift, end = rec_end(s, r);
   if (end > s->file_bytes) {
     const uint64_t pg = page_bytes(), need = round_up(end, pg);
     uint64_t step = s->file_bytes / 8;
@@ -235,8 +239,7 @@ static char *record(dynemb_ssd *s, uint32_t rec, const char *what) {
                      s->table, what, rec, s->dir);
     return NULL;
   }
-  char *seg = __atomic_load_n(&s->segs[rec >> s->seg_shift], __ATOMIC_ACQUIRE);
-  return seg + (size_t)(rec & (s->seg_records - 1)) * s->rec_bytes;
+  return dynemb_ssd_addr(s, rec);
 }
 
 int dynemb_ssd_write(dynemb_ssd *s, uint32_t rec, const float *emb,
@@ -278,7 +281,7 @@ void dynemb_ssd_prefault(dynemb_ssd *s, uint64_t nrec) {
     const uint64_t seg_off = seg * s->seg_bytes, pg = page_bytes();
     from = s->populated > seg_off ? s->populated : seg_off;
     from = from / pg * pg;
-    to = round_up(seg_off + ((last & (s->seg_records - 1)) + 1) * s->rec_bytes, pg);
+    to = round_up(rec_end(s, last), pg);
     if (to > s->file_bytes) to = s->file_bytes;
     if (to > from) {
       s->populated = to;
@@ -303,10 +306,8 @@ void dynemb_ssd_willneed(const dynemb_ssd *s, const uint32_t *recs, size_t n) {
   uintptr_t run_a = 0, run_z = 0; /* pages advised last (merged runs) */
   for (size_t i = 0; i < n; i++) {
     if ((uint64_t)recs[i] >= __atomic_load_n(&s->high, RELAXED)) continue;
-    const char *seg =
-        __atomic_load_n(&s->segs[recs[i] >> s->seg_shift], __ATOMIC_ACQUIRE);
-    const uintptr_t p =
-        (uintptr_t)seg + (recs[i] & (s->seg_records - 1)) * s->rec_bytes;
+    const uintptr_t p = (uintptr_t)dynemb_ssd_addr(s, recs[i]);
+    if (!p) continue;
     const uintptr_t a = p & ~(pg - 1), z = (p + s->rec_bytes + pg - 1) & ~(pg - 1);
     if (a >= run_a && z <= run_z) continue;
     (void)madvise((void *)a, z - a, MADV_WILLNEED); /* only advice */
@@ -329,6 +330,18 @@ void dynemb_ssd_note_faults(dynemb_ssd *s, uint64_t major_faults,
     uint32_t left = __atomic_load_n(&s->ra_left, RELAXED);
     if (left) __atomic_store_n(&s->ra_left, left - 1, RELAXED);
   }
+}
+
+void dynemb_ssd_batch_begin(dynemb_ssd *s, const uint32_t *recs, size_t n,
+                            dynemb_ssd_batch *b) {
+  b->read_ahead = dynemb_ssd_readahead_wanted(s);
+  if (b->read_ahead) dynemb_ssd_willneed(s, recs, n);
+  b->faults = dynemb_ssd_thread_major_faults();
+}
+
+void dynemb_ssd_batch_end(dynemb_ssd *s, const dynemb_ssd_batch *b) {
+  dynemb_ssd_note_faults(s, dynemb_ssd_thread_major_faults() - b->faults,
+                         b->read_ahead);
 }
 
 void dynemb_ssd_reset(dynemb_ssd *s) {

@@ -96,13 +96,18 @@ int dynemb_ssd_write(dynemb_ssd *s, uint32_t rec, const float *emb,
                      const float *slots);
 int dynemb_ssd_read(dynemb_ssd *s, uint32_t rec, float *emb, float *slots);
 
+/* Where record `rec` lives in the mappings, or NULL while its segment is
+ * not mapped (the record was never handed out). */
+static inline char *dynemb_ssd_addr(const dynemb_ssd *s, uint32_t rec) {
+  char *seg = __atomic_load_n(&s->segs[rec >> s->seg_shift], __ATOMIC_ACQUIRE);
+  return seg ? seg + (size_t)(rec & (s->seg_records - 1)) * s->rec_bytes : NULL;
+}
+
 /* Prefetches record `rec` (handed out by dynemb_ssd_alloc) into the
  * cache, ahead of a read of it (a prefetch never faults). */
 static inline void dynemb_ssd_prefetch(const dynemb_ssd *s, uint32_t rec) {
-  const char *seg =
-      __atomic_load_n(&s->segs[rec >> s->seg_shift], __ATOMIC_ACQUIRE);
-  if (!seg) return;
-  const char *p = seg + (size_t)(rec & (s->seg_records - 1)) * s->rec_bytes;
+  const char *p = dynemb_ssd_addr(s, rec);
+  if (!p) return;
   for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)63;
        a < (uintptr_t)p + s->rec_bytes; a += 64)
     __builtin_prefetch((const void *)a, 0, 2);
@@ -133,6 +138,15 @@ void dynemb_ssd_willneed(const dynemb_ssd *s, const uint32_t *recs, size_t n);
 uint64_t dynemb_ssd_thread_major_faults(void);
 void dynemb_ssd_note_faults(dynemb_ssd *s, uint64_t major_faults,
                             int read_ahead);
+/* The policy around a batch of reads of records `recs`: begin advises
+ * them if wanted and notes the thread's faults so far, end reports. */
+typedef struct dynemb_ssd_batch {
+  uint64_t faults;
+  int read_ahead;
+} dynemb_ssd_batch;
+void dynemb_ssd_batch_begin(dynemb_ssd *s, const uint32_t *recs, size_t n,
+                            dynemb_ssd_batch *b);
+void dynemb_ssd_batch_end(dynemb_ssd *s, const dynemb_ssd_batch *b);
 
 /* Frees every record and truncates the file (table clear / replace); the
  * segments stay mapped, so no record may be in use by another thread. */

@@ -929,14 +929,13 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
   /* eval: the rows on the SSD tier, read in place (all records advised
    * first while the tier's reads fault: ssd.h) */
   if (!train && nrec && out) {
-    const int ra = dynemb_ssd_readahead_wanted(&t->ssd);
-    if (ra) dynemb_ssd_willneed(&t->ssd, recs, nrec);
-    const uint64_t f0 = dynemb_ssd_thread_major_faults();
+    dynemb_ssd_batch rb;
+    dynemb_ssd_batch_begin(&t->ssd, recs, nrec, &rb);
     for (uint32_t k = 0; k < nrec && !io_rc; k++) {
       if (k + ROW_PF < nrec) dynemb_ssd_prefetch(&t->ssd, recs[k + ROW_PF]);
       io_rc = dynemb_ssd_read(&t->ssd, recs[k], out + (size_t)at[k] * dim, NULL);
     }
-    dynemb_ssd_note_faults(&t->ssd, dynemb_ssd_thread_major_faults() - f0, ra);
+    dynemb_ssd_batch_end(&t->ssd, &rb);
   }
   const uint32_t threshold = LOAD(&t->access_threshold);
   if (nmiss) {
@@ -980,9 +979,8 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
     if (ssd) dynemb_ssd_prefault(&t->ssd, 2 * (uint64_t)nmiss);
     /* the rows to bring back from the SSD tier: advised all at once while
      * the tier's reads fault (ssd.h) */
-    const int ra = nrec && dynemb_ssd_readahead_wanted(&t->ssd);
-    if (ra) dynemb_ssd_willneed(&t->ssd, recs, nrec);
-    const uint64_t f0 = nrec ? dynemb_ssd_thread_major_faults() : 0;
+    dynemb_ssd_batch rb;
+    if (nrec) dynemb_ssd_batch_begin(&t->ssd, recs, nrec, &rb);
     uint32_t begin = 0;
     for (size_t s = 0; s < S && !rc; s++) {
       uint32_t end = cnt[s];
@@ -998,8 +996,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       }
       begin = end;
     }
-    if (nrec)
-      dynemb_ssd_note_faults(&t->ssd, dynemb_ssd_thread_major_faults() - f0, ra);
+    if (nrec) dynemb_ssd_batch_end(&t->ssd, &rb);
   }
   free(mem);
   return rc;

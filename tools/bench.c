@@ -29,6 +29,9 @@
  *           of the tier's record size in the same directory, as the tier
  *           reads its file; and, for comparison, the same reads by pread
  *           (one system call per row, how the tier read before session 6)
+ *   cold    (--ssd-cold) the read limit, eval and train lookups again right
+ *           after the files' pages are written back and dropped: reads
+ *           from the disk rather than the page cache
  *
  * With --host-rows H --ssd-dir DIR every table has an SSD tier (H rows in
  * memory, the rest in DIR), so the phases measure the tier's moves too.
