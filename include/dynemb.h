@@ -401,7 +401,7 @@ typedef struct dynemb_table_stats {
   uint64_t ssd_rows;      /* rows on the SSD tier now */
   uint64_t ssd_bytes;     /* bytes of the SSD tier's records handed out
                              (the file is allocated ahead of them by up to
-                             an eighth, at least 1 MiB) */
+                             an eighth, 1 to 256 MiB) */
   uint64_t ssd_reads;     /* rows read from the SSD tier: moves into
                              memory, eval reads, updates in place, saves */
   uint64_t ssd_writes;    /* rows written to it: moves out of memory,

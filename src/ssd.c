@@ -35,6 +35,9 @@
 #define RELAXED __ATOMIC_RELAXED
 #define SEG_TARGET_BYTES (UINT64_C(64) << 20) /* file bytes per segment */
 #define GROW_MIN_BYTES (UINT64_C(1) << 20)    /* the file grows by >= 1 MiB */
+/* ... and by at most 256 MiB at a time: where the file system has no
+ * fallocate, glibc's posix_fallocate writes the blocks, under the mutex */
+#define GROW_MAX_BYTES (UINT64_C(256) << 20)
 
 static uint64_t page_bytes(void) {
   long p = sysconf(_SC_PAGESIZE);
@@ -145,15 +148,16 @@ static uint64_t rec_end(const dynemb_ssd *s, uint64_t r) {
 }
 
 /* Makes record `r` (the next one past the high-water mark) usable: grows
- * the file over it (by a step of at least GROW_MIN_BYTES and 1/8 of the
- * file, or, if the disk refuses that, by what the record needs) and maps
- * its segment. Caller holds s->mu. EIO with a message. */
+ * the file over it (by 1/8 of the file, within [GROW_MIN_BYTES,
+ * GROW_MAX_BYTES], or, if the disk refuses that, by what the record needs)
+ * and maps its segment. Caller holds s->mu. EIO with a message. */
 static int make_usable(dynemb_ssd *s, uint64_t r) {
   const uint64_t seg = r >> s->seg_shift, end = rec_end(s, r);
   if (end > s->file_bytes) {
     const uint64_t pg = page_bytes(), need = round_up(end, pg);
     uint64_t step = s->file_bytes / 8;
     if (step < GROW_MIN_BYTES) step = GROW_MIN_BYTES;
+    if (step > GROW_MAX_BYTES) step = GROW_MAX_BYTES;
     uint64_t want = round_up(s->file_bytes + step, pg);
     if (want < need) want = need;
     int e = posix_fallocate(s->fd, (off_t)s->file_bytes,
