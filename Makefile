@@ -40,7 +40,7 @@ PLAIN_SRC  := $(wildcard tests/c/plain_*.c)
 # --- release build ---------------------------------------------------------
 REL_OBJ  := $(ENGINE_SRC:src/%.c=build/obj/%.o)
 
-all: build/libdynemb.a build/libdynemb.so build/dynemb
+all: build/libdynemb.a build/libdynemb.so build/dynemb build/probe_limit
 
 build/obj/%.o: src/%.c include/dynemb.h $(wildcard src/*.h)
 	@mkdir -p $(@D)
@@ -131,6 +131,14 @@ bench: all
 	./build/dynemb bench --rows 4000000 --dim 64 --batch 65536 --dist uniform --threads 2 --json
 	./build/dynemb bench --rows 4000000 --dim 64 --batch 65536 --dist zipf:1.05 --threads 2 --json
 
+# What any hash index could reach against the gather (BENCHMARKS.md, session 6).
+build/probe_limit: bench/probe_limit.c
+	@mkdir -p build
+	$(CC) -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -pthread $< -o $@
+
+probe-limit: build/probe_limit
+	./build/probe_limit 2
+
 # The SSD tier (docs/ssd-tier.md): 1M rows, 200,000 in memory, the rest in a
 # file under SSD_DIR (default build/ssd-bench; point it at the disk to measure).
 SSD_DIR ?= build/ssd-bench
@@ -142,7 +150,7 @@ bench-ssd: all
 clean:
 	rm -rf build
 
-.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench bench-ssd clean
+.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench bench-ssd probe-limit clean
 
 # --- TensorFlow training benchmark (bench/tf_train.py) -------------------------
 # TFRA needs its own TensorFlow, so it gets its own virtualenv; where pip cannot

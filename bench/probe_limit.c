@@ -2,7 +2,7 @@
  * probe_limit.c -- how close can any hash-index lookup get to a plain gather
  * on this machine? The bound behind issue 2's lookup_vs_gather target.
  *
- *   cc -O2 -pthread bench/probe_limit.c -o build/probe_limit
+ *   make probe-limit                     # builds it, runs it with 2 threads
  *   ./build/probe_limit [threads]        # prints one JSON object
  *
  * Same shape as `dynemb bench`'s default run: 4M rows x dim 64 (256-byte
