@@ -22,7 +22,9 @@
  * Each loop runs 3 times per thread; the best time counts. Not part of the
  * engine or its tests: a measurement program (BENCHMARKS.md, session 6).
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
