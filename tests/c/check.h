@@ -9,6 +9,7 @@
 #define DYNEMB_CHECK_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,15 @@ static int check_passed_total, check_failed_total;
 static inline int check_summary(void) {
   printf("%d passed, %d failed\n", check_passed_total, check_failed_total);
   return check_failed_total ? 1 : 0;
+}
+
+/* One xorshift64 step of *state (tests' reproducible random streams; each
+ * test keeps its own seed). */
+static inline uint64_t check_xorshift(uint64_t *state) {
+  *state ^= *state << 13;
+  *state ^= *state >> 7;
+  *state ^= *state << 17;
+  return *state;
 }
 
 /* Threads of this process (Linux: /proc/self/status), or -1. */

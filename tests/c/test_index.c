@@ -39,12 +39,7 @@ static int ref_find(const ref *r, int64_t k) {
 }
 
 static uint64_t rng_state = 88172645463325252ULL;
-static uint64_t rnd(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
-}
+static uint64_t rnd(void) { return check_xorshift(&rng_state); }
 
 /* Checks that index and reference hold exactly the same mapping. */
 static int same(const dynemb_index *ix, const ref *r) {

@@ -41,12 +41,7 @@ typedef struct counters {
 
 static int64_t U[K];            /* key universe */
 static uint64_t rs = 0x1234567;  /* xorshift state */
-static uint64_t rnd(void) {
-  rs ^= rs << 13;
-  rs ^= rs >> 7;
-  rs ^= rs << 17;
-  return rs;
-}
+static uint64_t rnd(void) { return check_xorshift(&rs); }
 static uint32_t rn(uint32_t n) { return (uint32_t)(rnd() % n); }
 
 static void make_universe(void) {

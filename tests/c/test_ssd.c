@@ -30,12 +30,7 @@ static const char *tmpdir(void) {
 }
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
-  rs ^= rs << 13;
-  rs ^= rs >> 7;
-  rs ^= rs << 17;
-  return rs;
-}
+static uint64_t rnd(void) { return check_xorshift(&rs); }
 
 /* ---- the record file ----------------------------------------------------- */
 

@@ -33,12 +33,7 @@ typedef struct worker {
   uint64_t lookups, applied, dropped, errors;
 } worker;
 
-static uint64_t next_rand(uint64_t *s) {
-  *s ^= *s << 13;
-  *s ^= *s >> 7;
-  *s ^= *s << 17;
-  return *s;
-}
+static uint64_t next_rand(uint64_t *s) { return check_xorshift(s); }
 
 static int64_t live_key(uint32_t i) { return (int64_t)i * 7919 - 3000000; }
 static int64_t stale_key(uint32_t i) { return INT64_C(1) << 40 | i; }
