@@ -40,7 +40,7 @@ PLAIN_SRC  := $(wildcard tests/c/plain_*.c)
 # --- release build ---------------------------------------------------------
 REL_OBJ  := $(ENGINE_SRC:src/%.c=build/obj/%.o)
 
-all: build/libdynemb.a build/libdynemb.so build/dynemb build/probe_limit
+all: build/libdynemb.a build/libdynemb.so build/dynemb build/probe_limit build/step_costs
 
 build/obj/%.o: src/%.c include/dynemb.h $(wildcard src/*.h)
 	@mkdir -p $(@D)
@@ -139,6 +139,14 @@ build/probe_limit: bench/probe_limit.c
 probe-limit: build/probe_limit
 	./build/probe_limit 2
 
+# The engine's part of a training step of bench/tf_train.py, per phase (C only).
+build/step_costs: bench/step_costs.c build/libdynemb.a
+	$(CC) $(BASEFLAGS) $(CFLAGS) $< build/libdynemb.a -o $@ $(LDLIBS)
+
+bench-step: all install-py
+	$(VPY) bench/tf_op_costs.py --dump-ids build/step_ids.bin
+	./build/step_costs build/step_ids.bin
+
 # The SSD tier (docs/ssd-tier.md): 1M rows, 200,000 in memory, the rest in a
 # file under SSD_DIR (default build/ssd-bench; point it at the disk to measure).
 SSD_DIR ?= build/ssd-bench
@@ -150,7 +158,7 @@ bench-ssd: all
 clean:
 	rm -rf build
 
-.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench bench-ssd probe-limit clean
+.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench bench-ssd probe-limit bench-step clean
 
 # --- TensorFlow training benchmark (bench/tf_train.py) -------------------------
 # TFRA needs its own TensorFlow, so it gets its own virtualenv; where pip cannot

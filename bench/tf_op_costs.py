@@ -40,6 +40,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_train  # noqa: E402  (data preparation and table names)
 
 
+def dump_ids(path: str, arrays, batches: int, dim: int) -> None:
+    """The 27 tables' ids of every batch, in bench/step_costs.c's format: int32
+    batches, int32 tables, per table int32 ids per batch and int32 dim, then per
+    table its [batches][ids] int64 ids."""
+    import struct
+    import numpy as np
+    wide = np.stack([arrays[n] + (i << 33) for i, n in enumerate(tf_train.CAT_NAMES)], axis=2)
+    tables = [arrays[n] for n in tf_train.CAT_NAMES] + [wide.reshape(batches, -1)]
+    dims = [dim] * tf_train.NUM_CAT + [1]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<ii", batches, len(tables)))
+        for t, d in zip(tables, dims):
+            f.write(struct.pack("<ii", t.shape[1], d))
+        for t in tables:
+            f.write(np.ascontiguousarray(t, dtype=np.int64).tobytes())
+    print(f"[tf_op_costs] wrote the ids of {batches} batches to {path}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true")
@@ -50,6 +68,9 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=40, help="batches per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--access-threshold", type=int, default=2)
+    p.add_argument("--dump-ids", default=None, metavar="FILE",
+                   help="only write the batches' ids for build/step_costs (bench/step_costs.c) "
+                        "to FILE and exit")
     args = p.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -59,6 +80,9 @@ def main(argv=None) -> int:
         import numpy as np
         z = np.load(data_file)
         arrays = {k: z[k] for k in z.files}
+    if args.dump_ids:
+        dump_ids(args.dump_ids, arrays, args.batches, args.dim)
+        return 0
     import tensorflow as tf
     import dynemb
     from dynemb.graph import rewrite

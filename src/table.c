@@ -338,74 +338,54 @@ static int check_now(const dynemb_table *t, int64_t now) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Batches grouped by shard                                                  */
+/* Repeated keys within a batch                                              */
 /* ------------------------------------------------------------------------ */
 
-typedef struct group {
-  int64_t *key;    /* [n] keys in shard order (stable within a shard) */
-  uint64_t *hash;  /* [n] their hashes */
-  uint32_t *pos;   /* [n] their positions in the caller's arrays */
-  uint64_t *hint;  /* [n] their row hints (hinted apply), else NULL */
-  uint32_t *start; /* [nshards + 1] segment bounds */
-  uint32_t max_seg;
-  void *mem;
-} group;
+/* The first occurrence of each key of a batch (apply's dedupe): open
+ * addressing over batch positions, at least
+ * twice as many entries as the batch has keys. An entry holds the key
+ * hash's high half (compared first, so another key rarely costs a load of
+ * its own) above position + 1; 0 is empty. */
+typedef struct firsts_table {
+  uint64_t *slot;
+  uint64_t mask;
+} firsts_table;
 
-/* Counting sort of n (< 2^32) key positions by shard; `hints` (may be
- * NULL) are carried along, read in order rather than gathered later. */
-static int group_keys(const dynemb_table *t, const int64_t *keys,
-                      const uint64_t *hints, size_t n, group *g) {
-  size_t S = t->nshards;
-  size_t bytes = n * (sizeof(int64_t) + sizeof(uint64_t) + sizeof(uint32_t) +
-                      sizeof(uint16_t)) +
-                 (S + 1) * sizeof(uint32_t) + 64 +
-                 (hints ? n * sizeof(uint64_t) : 0);
-  char *m = malloc(bytes);
-  if (!m) return DYNEMB_ENOMEM;
-  g->mem = m;
-  g->key = (int64_t *)m;
-  g->hash = (uint64_t *)(m + n * 8);
-  g->hint = hints ? (uint64_t *)(m + n * 16) : NULL;
-  char *rest = m + n * (hints ? 24 : 16);
-  g->pos = (uint32_t *)rest;
-  g->start = (uint32_t *)(rest + n * 4);
-  uint16_t *sid = (uint16_t *)(g->start + S + 1);
-  if (S == 1) {
-    for (size_t i = 0; i < n; i++) {
-      g->key[i] = keys[i];
-      g->hash[i] = dynemb_hash_key(keys[i]);
-      g->pos[i] = (uint32_t)i;
-    }
-    if (hints) memcpy(g->hint, hints, n * sizeof *hints);
-    g->start[0] = 0;
-    g->start[1] = (uint32_t)n;
-    g->max_seg = (uint32_t)n;
-    return DYNEMB_OK;
+static int firsts_init(firsts_table *ft, size_t n) {
+  uint64_t cap = 16;
+  while (cap < 2 * (uint64_t)n) cap *= 2;
+  ft->mask = cap - 1;
+  ft->slot = calloc(cap, sizeof *ft->slot);
+  return ft->slot ? DYNEMB_OK : DYNEMB_ENOMEM;
+}
+
+/* The position of the first occurrence of keys[i] (hash h) among keys[0 ..
+ * i], all of which were passed in order before: i itself for a new key. */
+static inline uint32_t first_of(firsts_table *ft, const int64_t *keys,
+                                uint64_t h, uint32_t i) {
+  const uint64_t tag = h & ~(uint64_t)UINT32_MAX;
+  uint64_t j = h & ft->mask, e;
+  while ((e = ft->slot[j]) != 0) {
+    if ((e & ~(uint64_t)UINT32_MAX) == tag && keys[(uint32_t)e - 1] == keys[i])
+      return (uint32_t)e - 1;
+    j = (j + 1) & ft->mask;
   }
-  memset(g->start, 0, (S + 1) * sizeof(uint32_t));
-  uint32_t *cnt = g->start + 1;
-  for (size_t i = 0; i < n; i++) {
-    uint32_t s = dynemb_table_shard_of(t, dynemb_hash_key(keys[i]));
-    sid[i] = (uint16_t)s;
-    cnt[s]++;
+  ft->slot[j] = tag | (i + 1);
+  return i;
+}
+
+/* Copies a row of `dim` floats, with fixed-size copies for common widths
+ * (a libc call per row of a small table costs more than the copy). */
+static inline void copy_row(float *restrict dst, const float *restrict src,
+                            size_t dim) {
+  switch (dim) {
+  case 1: memcpy(dst, src, 1 * sizeof(float)); break;
+  case 8: memcpy(dst, src, 8 * sizeof(float)); break;
+  case 16: memcpy(dst, src, 16 * sizeof(float)); break;
+  case 32: memcpy(dst, src, 32 * sizeof(float)); break;
+  case 64: memcpy(dst, src, 64 * sizeof(float)); break;
+  default: memcpy(dst, src, dim * sizeof(float)); break;
   }
-  uint32_t run = 0, mx = 0;
-  for (size_t s = 0; s < S; s++) {
-    uint32_t c = cnt[s];
-    if (c > mx) mx = c;
-    cnt[s] = run; /* start[s + 1] temporarily holds start of s */
-    run += c;
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t j = cnt[sid[i]]++;
-    g->key[j] = keys[i];
-    g->hash[j] = dynemb_hash_key(keys[i]);
-    g->pos[j] = (uint32_t)i;
-    if (hints) g->hint[j] = hints[i];
-  }
-  /* now cnt[s] = end of s = start of s + 1; start[0] = 0 */
-  g->max_seg = mx;
-  return DYNEMB_OK;
 }
 
 /* Prefetches the cache lines of [p, p + bytes) (at most 1 KiB) into L2
@@ -1050,7 +1030,8 @@ int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
                             "a NULL output buffer; pass valid keys and output "
                             "buffers", t->name, n);
   }
-  return lookup_impl(t, keys, n, mode, now, out, NULL, NULL, NULL, "dynemb_lookup");
+  return lookup_impl(t, keys, n, mode, now, out, NULL, NULL, NULL,
+                     "dynemb_lookup");
 }
 
 int dynemb_lookup_visible(dynemb_table *t, const int64_t *keys, size_t n,
@@ -1138,8 +1119,7 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
     }
     if (i >= HINT_DIST) {
       size_t c = i - HINT_DIST;
-      if (ring[c % HINT_RING])
-        memcpy(out + c * dim, ring[c % HINT_RING], rbytes);
+      if (ring[c % HINT_RING]) copy_row(out + c * dim, ring[c % HINT_RING], dim);
     }
   }
   for (size_t s = S; s-- > 0;)
@@ -1199,7 +1179,7 @@ int dynemb_lookup_hinted(dynemb_table *t, const int64_t *keys,
 /* Nonzero if any of the n floats is NaN or Inf. An all-ones exponent
  * plus one carries into the sign bit; the loop is branch-free integer
  * work over blocks of 8 that compilers vectorize. */
-static int any_nonfinite(const float *x, size_t n) {
+static inline int any_nonfinite(const float *x, size_t n) {
   uint32_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -1217,22 +1197,26 @@ static int any_nonfinite(const float *x, size_t n) {
   return (all & 0x80000000u) != 0;
 }
 
-typedef struct dedupe_slot {
-  int64_t key;
-  uint32_t u;   /* unique index within the segment */
-  uint32_t gen; /* segment number + 1; another value means empty */
-} dedupe_slot;
-
 typedef struct uniq {
   int64_t key;
-  uint64_t hash;   /* then, in phase B, the row's location */
-  uint32_t first;  /* first occurrence (segment-order index) */
-  uint32_t count;  /* occurrences */
-  uint32_t acc;    /* row of the sum buffer, if count > 1 */
-  uint32_t skip;   /* nonfinite (policy SKIP) or no row */
-  const float *grad; /* the caller's row or the summed row */
-  uint64_t hint;   /* hinted apply: a hint of one occurrence, or NO_HINT */
+  uint64_t hash;  /* then, in phase B, the row's location */
+  uint64_t hint;  /* hinted apply: a hint of one occurrence, or NO_HINT */
+  float *row, *slots; /* phase B: the row's memory, if in memory */
+  uint32_t first; /* first occurrence (batch position) */
+  uint32_t count; /* occurrences */
+  uint32_t acc;   /* its row of the sum buffer, or NO_SUM */
+  uint32_t skip;  /* nonfinite (policy SKIP) or no row */
 } uniq;
+
+#define NO_SUM UINT32_MAX
+
+/* The gradient a unique key's update uses: the sum of its rows, or its
+ * only row in the caller's array. */
+static inline const float *uniq_grad(const uniq *q, const float *grads,
+                                     const float *sum, size_t dim) {
+  return q->acc != NO_SUM ? sum + (size_t)q->acc * dim
+                          : grads + (size_t)q->first * dim;
+}
 
 /* acc += x over n floats (restrict pointers and a plain loop: gcc
  * vectorizes it with the Makefile's -fvect-cost-model=dynamic; the older
@@ -1242,15 +1226,20 @@ static inline void add_floats(float *restrict acc, const float *restrict x,
   for (size_t i = 0; i < n; i++) acc[i] += x[i];
 }
 
-/* Apply, in two phases so that a failure changes nothing:
- *  A (no locks): group the batch by shard; per shard, dedupe the keys
- *    (small generation-stamped hash table), sum the gradients of repeated
- *    keys in batch order, check finiteness once per key (a NaN/Inf in any
- *    occurrence makes the sum non-finite; ERROR names the first bad
- *    gradient in batch order, or the key whose sum overflows);
- *  B: per shard, under the write lock, probe the unique keys (index
- *    prefetched ahead) and run the optimizer on each row (rows
- *    prefetched ahead). */
+/* acc += x over a row of `dim` floats, with the loop unrolled for common
+ * widths (the generic loop's setup costs more than a short row). */
+static inline void add_row(float *restrict acc, const float *restrict x,
+                           size_t dim) {
+  switch (dim) {
+  case 1: acc[0] += x[0]; break;
+  case 8: for (int k = 0; k < 8; k++) acc[k] += x[k]; break;
+  case 16: for (int k = 0; k < 16; k++) acc[k] += x[k]; break;
+  case 32: for (int k = 0; k < 32; k++) acc[k] += x[k]; break;
+  case 64: for (int k = 0; k < 64; k++) acc[k] += x[k]; break;
+  default: add_floats(acc, x, dim); break;
+  }
+}
+
 /* A set of keys (open addressing, linear probing) for apply's filter. */
 typedef struct key_set {
   int64_t *keys;
@@ -1311,6 +1300,7 @@ int dynemb_apply_hinted(dynemb_table *t, const int64_t *keys,
   }
   return apply_impl(t, keys, n, grads, learning_rate, NULL, hints, stats);
 }
+
 
 int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys, size_t n,
                           const float *grads, float learning_rate,
@@ -1380,6 +1370,18 @@ static int ssd_apply_row(dynemb_table *t, const dynemb_optim_step *ostep,
   return dynemb_ssd_write(&t->ssd, rec, row, t->slots ? slots : NULL);
 }
 
+/* Apply, in two phases so that a failure changes nothing:
+ *  A (no locks): dedupe the batch's keys in batch order (a hash table of
+ *    unique numbers sized for the batch), sum the gradients of repeated
+ *    keys in one pass over the caller's rows in batch order, check
+ *    finiteness once per key (a NaN/Inf in any occurrence makes the sum
+ *    non-finite; ERROR names the first bad gradient in batch order, or the
+ *    key whose sum overflows); order the unique keys by shard;
+ *  B: per shard, under the write lock, find the unique keys' rows (through
+ *    a current hint, else the index, prefetched ahead) and run the
+ *    optimizer on each row (rows prefetched ahead).
+ * Only the unique keys are sorted and probed: training batches repeat most
+ * of their keys (bench/tf_train.py's: 30% unique). */
 /* `allowed` NULL: no filter; else only its keys are updated. `hints` NULL:
  * rows are found by key; else (dynemb_apply_hinted) only keys with a hint
  * are updated, at the hinted row while the hint is current. */
@@ -1395,10 +1397,10 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
                             "table '%s': apply of %zu keys got a NULL %s "
                             "buffer; pass valid keys and gradients",
                             t->name, n, keys ? "gradient" : "keys");
-  if (n >= UINT32_MAX)
+  if (n >= UINT32_MAX / 2)
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': apply batch of %zu keys is too "
-                            "large; apply fewer than 2^32-1 keys per call",
+                            "large; apply fewer than 2^31-1 keys per call",
                             t->name, n);
   if (isnan(learning_rate) || isinf(learning_rate))
     return dynemb_error_set(DYNEMB_EINVAL,
@@ -1408,12 +1410,11 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
                             t->name, (double)learning_rate);
   const float lr =
       learning_rate < 0 ? t->cfg.optimizer.learning_rate : learning_rate;
-  const size_t dim = (size_t)t->dim;
+  const size_t dim = (size_t)t->dim, S = t->nshards;
   const int skip = t->cfg.nonfinite_policy == DYNEMB_NONFINITE_SKIP;
-  group g = {0};
-  dedupe_slot *dd = NULL;
+  firsts_table ft = {NULL, 0};
+  uint32_t *inv = NULL, *ord = NULL, *seg = NULL;
   uniq *u = NULL;
-  uint32_t *uo = NULL, *useg = NULL;
   float *sum = NULL, *ssd_buf = NULL;
   int rc = DYNEMB_OK;
   size_t n_uniq = 0, n_applied = 0, n_dropped = 0, n_nonfinite = 0;
@@ -1421,108 +1422,96 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
     __atomic_add_fetch(&t->apply_steps, 1, RELAXED);
     goto done;
   }
-  if (group_keys(t, keys, hints, n, &g)) goto nomem;
-  uint64_t dd_cap = 16;
-  while (dd_cap < 2 * (uint64_t)g.max_seg) dd_cap *= 2;
-  dd = calloc(dd_cap, sizeof *dd);
+  if (firsts_init(&ft, n)) goto nomem;
   u = malloc(n * sizeof *u);
-  uo = malloc(n * sizeof *uo);
-  useg = malloc(((size_t)t->nshards + 1) * sizeof *useg);
-  if (!dd || !u || !uo || !useg) goto nomem;
+  inv = malloc(n * sizeof *inv);
+  ord = malloc(n * sizeof *ord);
+  seg = calloc(S + 1, sizeof *seg);
+  if (!u || !inv || !ord || !seg) goto nomem;
 
-  /* Phase A.1: dedupe every segment; uniques of shard s are
-   * u[useg[s] .. useg[s + 1]) in first-occurrence order; uo[j] is the
-   * unique of occurrence j. */
-  uint32_t multi_rows = 0;
-  useg[0] = 0;
-  for (uint32_t s = 0; s < t->nshards; s++) {
-    uint32_t a = g.start[s], b = g.start[s + 1];
-    uint32_t nu = useg[s];
-    uint64_t cap = 16;
-    while (cap < 2 * (uint64_t)(b - a)) cap *= 2;
-    const uint64_t mask = cap - 1;
-    const uint32_t gen = s + 1;
-    for (uint32_t j = a; j < b; j++) {
-      uint64_t i = g.hash[j] & mask;
-      while (dd[i].gen == gen && dd[i].key != g.key[j]) i = (i + 1) & mask;
-      if (dd[i].gen != gen) {
-        dd[i].key = g.key[j];
-        dd[i].gen = gen;
-        dd[i].u = nu;
-        uniq *q = &u[nu];
-        q->key = g.key[j];
-        q->hash = g.hash[j];
-        q->first = j;
-        q->count = 1;
-        q->skip = 0;
-        q->grad = grads + (size_t)g.pos[j] * dim;
-        q->hint = hints ? g.hint[j] : DYNEMB_NO_HINT;
-        uo[j] = nu++;
-      } else {
-        uniq *q = &u[dd[i].u];
-        if (q->count++ == 1) q->acc = multi_rows++;
-        if (hints && q->hint == DYNEMB_NO_HINT) q->hint = g.hint[j];
-        uo[j] = dd[i].u;
-      }
+  /* Phase A.1: dedupe in batch order; inv[i] is the unique of occurrence
+   * i. */
+  uint32_t multi_rows = 0, nu = 0;
+  for (size_t i = 0; i < n; i++) {
+    const int64_t key = keys[i];
+    const uint64_t h = dynemb_hash_key(key);
+    const uint32_t f = first_of(&ft, keys, h, (uint32_t)i);
+    if (f == i) {
+      uniq *q = &u[nu];
+      q->key = key;
+      q->hash = h;
+      q->hint = hints ? hints[i] : DYNEMB_NO_HINT;
+      q->first = (uint32_t)i;
+      q->count = 1;
+      q->skip = 0;
+      inv[i] = nu++;
+    } else {
+      uniq *q = &u[inv[f]];
+      if (q->count++ == 1) multi_rows++;
+      if (hints && q->hint == DYNEMB_NO_HINT) q->hint = hints[i];
+      inv[i] = inv[f];
     }
-    useg[s + 1] = nu;
   }
-  n_uniq = useg[t->nshards];
+  n_uniq = nu;
 
-  /* Phase A.2: sums of repeated keys: a scatter-add over the
-   * occurrences in segment order (batch order within a key), with the
-   * gradient rows prefetched ahead; then finiteness. */
-  if (multi_rows) {
-    sum = malloc((size_t)multi_rows * dim * sizeof(float));
+  /* Phase A.2: sums, streaming the caller's rows in batch order (batch
+   * order within a key). Where repeats are most of the batch (training
+   * batches: 70% of bench/tf_train.py's ids) every key gets a sum row,
+   * summed from zero as TF's UnsortedSegmentSum does: no branch per
+   * occurrence, and the sums are one array for the finiteness check. Else
+   * only repeated keys do (from their first row), and single keys update
+   * from the caller's rows. */
+  const int all_sums = 2 * (size_t)n_uniq <= n;
+  const uint32_t sum_rows = all_sums ? nu : multi_rows;
+  for (uint32_t k = 0, r = 0; k < nu; k++)
+    u[k].acc = all_sums || u[k].count > 1 ? r++ : NO_SUM;
+  if (sum_rows) {
+    sum = all_sums ? calloc((size_t)sum_rows * dim, sizeof(float))
+                   : malloc((size_t)sum_rows * dim * sizeof(float));
     if (!sum) goto nomem;
-    for (size_t j = 0; j < n; j++) {
-      if (j + 8 < n) __builtin_prefetch(grads + (size_t)g.pos[j + 8] * dim);
-      const uniq *q = &u[uo[j]];
-      if (q->count == 1) continue;
+  }
+  if (all_sums) {
+    for (size_t i = 0; i < n; i++)
+      add_row(sum + (size_t)inv[i] * dim, grads + i * dim, dim);
+  } else if (multi_rows) {
+    for (size_t i = 0; i < n; i++) {
+      const uniq *q = &u[inv[i]];
+      if (q->acc == NO_SUM) continue;
       float *acc = sum + (size_t)q->acc * dim;
-      const float *x = grads + (size_t)g.pos[j] * dim;
-      if (j == q->first)
-        memcpy(acc, x, dim * sizeof(float));
+      const float *x = grads + i * dim;
+      if (i == q->first)
+        copy_row(acc, x, dim);
       else
-        add_floats(acc, x, dim);
+        add_row(acc, x, dim);
     }
   }
   /* Finiteness. A key's gradient is non-finite when one of its
    * occurrences is (NaN and Inf survive a sum) or when a sum overflows, so
-   * checking every key's summed gradient finds them all. Where most keys
-   * occur once, one streaming pass over the caller's gradients in batch
-   * order does the single keys' part instead of reading their rows again,
-   * scattered (4M x 64 Adam, 2 threads, 6 alternating runs: uniform applies
-   * +9%, hinted +11% at the median). Where most occurrences are repeats
-   * (Zipf keys) the streaming pass reads rows the sums already read, and
-   * cost 4..13%: there the singles are checked one by one as before. */
-  const size_t singles = n_uniq - multi_rows;
-  const int streamed = 2 * singles > n;
-  if (streamed && any_nonfinite(grads, n * dim)) {
-    if (!skip) { /* ERROR: name the first bad gradient in batch order */
-      rc = nonfinite_error(t, keys, grads, n, NULL);
+   * checking every key's gradient (its sum, or its only row) finds them
+   * all: first in bulk, the sums as one array and the single keys' rows
+   * either in one streaming pass over the caller's gradients in batch order
+   * (where most keys occur once: 4M x 64 Adam, 2 threads, 6 alternating
+   * runs: uniform applies +9%, hinted +11% at the median, against reading
+   * the rows again, scattered) or row by row; key by key only when
+   * something is not finite. */
+  const size_t singles = all_sums ? 0 : n_uniq - multi_rows;
+  int bad = sum_rows && any_nonfinite(sum, (size_t)sum_rows * dim);
+  if (!bad && 2 * singles > n) {
+    bad = any_nonfinite(grads, n * dim);
+  } else if (!bad && singles) {
+    for (size_t k = 0; k < n_uniq && !bad; k++)
+      bad = u[k].acc == NO_SUM &&
+            any_nonfinite(grads + (size_t)u[k].first * dim, dim);
+  }
+  for (size_t k = 0; bad && k < n_uniq; k++) {
+    uniq *q = &u[k];
+    if (!any_nonfinite(uniq_grad(q, grads, sum, dim), dim)) continue;
+    if (!skip) { /* the first bad gradient in batch order, or the sum */
+      rc = nonfinite_error(t, keys, grads, n, q);
       goto done;
     }
-    for (size_t j = 0; j < n; j++) /* SKIP: every key with a bad one */
-      if (any_nonfinite(grads + (size_t)g.pos[j] * dim, dim))
-        u[uo[j]].skip = 1;
-  }
-  for (size_t k = 0; k < n_uniq; k++) {
-    if (!streamed && k + ROW_PF < n_uniq) { /* rows scattered in the batch */
-      const uniq *p = &u[k + ROW_PF];
-      prefetch_lines(p->count > 1 ? sum + (size_t)p->acc * dim : p->grad,
-                     dim * sizeof(float));
-    }
-    uniq *q = &u[k];
-    if (q->count > 1) q->grad = sum + (size_t)q->acc * dim;
-    if (!q->skip && (q->count > 1 || !streamed) && any_nonfinite(q->grad, dim)) {
-      if (!skip) { /* the first bad gradient in batch order, or the sum */
-        rc = nonfinite_error(t, keys, grads, n, q);
-        goto done;
-      }
-      q->skip = 1;
-    }
-    n_nonfinite += q->skip;
+    q->skip = 1;
+    n_nonfinite++;
   }
   /* Keys outside the allowed set, or without a hint in a hinted apply,
    * are treated as keys without a row. */
@@ -1538,6 +1527,15 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
         u[k].skip = 1;
         n_dropped++;
       }
+  /* Phase A.3: the unique keys by shard (counting sort, first-occurrence
+   * order within a shard): ord[seg[s] .. seg[s + 1]) are shard s's. */
+  for (size_t k = 0; k < n_uniq; k++)
+    seg[dynemb_table_shard_of(t, u[k].hash) + 1]++;
+  for (size_t s = 0; s < S; s++) seg[s + 1] += seg[s];
+  for (size_t k = 0; k < n_uniq; k++)
+    ord[seg[dynemb_table_shard_of(t, u[k].hash)]++] = (uint32_t)k;
+  for (size_t s = S; s > 0; s--) seg[s] = seg[s - 1]; /* back to starts */
+  seg[0] = 0;
 
   /* Phase B: update the rows. */
   const uint64_t step = __atomic_add_fetch(&t->apply_steps, 1, RELAXED);
@@ -1546,51 +1544,61 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
   const size_t emb_bytes = dim * sizeof(float);
   const size_t slot_bytes = (size_t)t->slots * dim * sizeof(float);
   static float no_slots[1]; /* never written: SGD has no slots */
-  for (uint32_t s = 0; s < t->nshards; s++) {
-    uint32_t a = useg[s], b = useg[s + 1];
+  for (uint32_t s = 0; s < S; s++) {
+    const uint32_t a = seg[s], b = seg[s + 1];
     if (a == b) continue;
     dynemb_shard *sh = &t->shards[s];
     pthread_rwlock_wrlock(&sh->lock);
     /* probe: a key without a row is skipped, and the hash field is
-     * reused for the row's location (taken from a current hint as is) */
+     * reused for the row's location (taken from a current hint as is);
+     * the rows in memory are located once, the first few prefetched here
+     * (the update loop prefetches ahead of itself only within the shard) */
     for (uint32_t k = a; k < b; k++) {
-      uniq *q = &u[k];
+      uniq *q = &u[ord[k]];
       if (hints) {
         if (q->skip) continue;
         const uint64_t hi = q->hint;
         if (HINT_SHARD(hi) == s && hint_valid(sh, hi)) {
           q->hash = HINT_LOC(hi);
-          continue;
+          goto located;
         }
       } else if (k + IDX_PF < b) {
-        dynemb_index_prefetch(&sh->rows, u[k + IDX_PF].hash);
+        dynemb_index_prefetch(&sh->rows, u[ord[k + IDX_PF]].hash);
       }
       dynemb_index_entry *e = dynemb_index_find(&sh->rows, q->key, q->hash);
       if (!e) {
         if (!q->skip) n_dropped++;
         q->skip = 1;
-      } else {
-        q->hash = e->loc;
+        continue;
+      }
+      q->hash = e->loc;
+    located:
+      if (q->skip || !on_host((uint32_t)q->hash)) continue;
+      q->row = row_of(sh, (uint32_t)q->hash);
+      q->slots = slot_bytes ? slots_of(sh, (uint32_t)q->hash) : no_slots;
+      if (k - a < ROW_PF) {
+        prefetch_lines(q->row, emb_bytes);
+        prefetch_lines(q->slots, slot_bytes);
+        prefetch_lines(uniq_grad(q, grads, sum, dim), emb_bytes);
       }
     }
     for (uint32_t k = a; k < b; k++) {
-      if (k + ROW_PF < b && !u[k + ROW_PF].skip &&
-          on_host((uint32_t)u[k + ROW_PF].hash)) {
+      const uniq *p = k + ROW_PF < b ? &u[ord[k + ROW_PF]] : NULL;
+      if (p && !p->skip && on_host((uint32_t)p->hash)) {
         /* the row, and the gradient (scattered in the caller's array) */
-        uint32_t loc = (uint32_t)u[k + ROW_PF].hash;
-        prefetch_lines(row_of(sh, loc), emb_bytes);
-        if (slot_bytes) prefetch_lines(slots_of(sh, loc), slot_bytes);
-        prefetch_lines(u[k + ROW_PF].grad, emb_bytes);
+        prefetch_lines(p->row, emb_bytes);
+        prefetch_lines(p->slots, slot_bytes);
+        prefetch_lines(uniq_grad(p, grads, sum, dim), emb_bytes);
       }
-      if (u[k].skip) continue;
-      uint32_t loc = (uint32_t)u[k].hash;
+      const uniq *q = &u[ord[k]];
+      if (q->skip) continue;
+      const uint32_t loc = (uint32_t)q->hash;
+      const float *g = uniq_grad(q, grads, sum, dim);
       if (!on_host(loc)) { /* updated in place on the SSD tier */
-        rc = ssd_apply_row(t, &ostep, DYNEMB_LOC_SLOT(loc), u[k].grad, &ssd_buf);
+        rc = ssd_apply_row(t, &ostep, DYNEMB_LOC_SLOT(loc), g, &ssd_buf);
         if (rc) break;
       } else {
-        dynemb_optim_apply_row(&ostep, row_of(sh, loc),
-                               slot_bytes ? slots_of(sh, loc) : no_slots,
-                               u[k].grad, t->dim);
+        dynemb_optim_apply_row(&ostep, q->row, q->slots, g, t->dim);
       }
       n_applied++;
     }
@@ -1604,11 +1612,11 @@ nomem:
                         "keys; use smaller batches",
                         t->name, n);
 done:
-  free(g.mem);
-  free(dd);
+  free(ft.slot);
   free(u);
-  free(uo);
-  free(useg);
+  free(inv);
+  free(ord);
+  free(seg);
   free(sum);
   free(ssd_buf);
   if (rc) n_uniq = n_nonfinite = 0;

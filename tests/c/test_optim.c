@@ -655,11 +655,12 @@ static void make_keys(int64_t *keys) {
 }
 
 /* 200 random batches through dynemb_apply, checked step by step and as a
- * whole trajectory. */
-static void run_table_case(const opt_case *oc, int dim) {
+ * whole trajectory; batches hold about reps/2 occurrences per distinct key
+ * (3: about half are repeats; 6: most are, which apply sums differently). */
+static void run_table_case(const opt_case *oc, int dim, int reps) {
   const dynemb_optimizer *o = &oc->opt;
   char name[96];
-  snprintf(name, sizeof name, "optim_%s_d%d", oc->label, dim);
+  snprintf(name, sizeof name, "optim_%s_d%d_r%d", oc->label, dim, reps);
   dynemb_table *t = make_table(name, dim, o, DYNEMB_NONFINITE_ERROR);
   if (!t)
     return;
@@ -710,7 +711,7 @@ static void run_table_case(const opt_case *oc, int dim) {
     memset(present, 0, sizeof present);
     for (int k = 0; k < NKEYS * dim; k++)
       gsum[k] = 0.0;
-    while (n < MAXBATCH - 1 && n < (size_t)(subset * 3 / 2)) {
+    while (n < MAXBATCH - 1 && n < (size_t)(subset * reps / 2)) {
       int k = (int)(rng_unit() * subset);
       bkeys[n] = keys[k];
       present[k] = 1;
@@ -838,8 +839,10 @@ static void run_table_case(const opt_case *oc, int dim) {
 
 static void test_table_apply_all_optimizers(void) {
   for (int c = 0; c < N_CASES; c++) {
-    run_table_case(&cases[c], 8);
-    run_table_case(&cases[c], 3);
+    run_table_case(&cases[c], 8, 3);
+    run_table_case(&cases[c], 3, 3);
+    run_table_case(&cases[c], 16, 6);
+    run_table_case(&cases[c], 1, 6);
   }
 }
 
@@ -1096,6 +1099,72 @@ static void test_nonfinite_skip_policy(void) {
   }
 }
 
+/* Both policies on a batch made mostly of repeats (apply then sums every
+ * key's rows into one array and checks that array): ERROR names the key and
+ * moves nothing; SKIP leaves exactly the keys with a bad occurrence, and the
+ * others get their summed gradient. */
+static void test_nonfinite_mostly_repeats(void) {
+  enum { DIM = 16, N = 12 };
+  dynemb_optimizer o = default_opt(DYNEMB_OPT_ADAGRAD, 0.1f);
+  int64_t ukeys[5] = {1, 2, 3, 4, 5};
+  /* key 5's third occurrence is NaN; key 2's second is -Inf */
+  const int64_t keys[N] = {1, 5, 2, 3, 4, 5, 3, 3, 4, 2, 1, 5};
+  float grads[N * DIM];
+  for (int i = 0; i < N * DIM; i++)
+    grads[i] = rng_grad();
+  grads[11 * DIM + 7] = NAN;
+  grads[9 * DIM + 0] = -INFINITY;
+  for (int policy = 0; policy < 2; policy++) {
+    dynemb_table *t = make_table("optim_nan_repeats", DIM, &o,
+                                 policy ? DYNEMB_NONFINITE_SKIP
+                                        : DYNEMB_NONFINITE_ERROR);
+    if (!t)
+      return;
+    insert_keys(t, ukeys, 5);
+    dynemb_snapshot s0, s1;
+    CHECK_OK(dynemb_table_snapshot(t, &s0));
+    dynemb_apply_stats st;
+    int rc = dynemb_apply(t, keys, N, grads, -1.0f, &st);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", dynemb_last_error());
+    CHECK_OK(dynemb_table_snapshot(t, &s1));
+    if (!policy) {
+      CHECK(rc == DYNEMB_ENONFINITE);
+      /* the first bad gradient in batch order: key 2 at position 9 */
+      CHECK(strstr(msg, "optim_nan_repeats") != NULL);
+      CHECK(strstr(msg, "key 2 ") != NULL);
+      CHECK(strstr(msg, "position 9") != NULL);
+      CHECK(snapshots_equal(&s0, &s1));
+    } else {
+      CHECK_OK(rc);
+      CHECK(st.unique_keys == 5 && st.applied == 3 &&
+            st.skipped_nonfinite == 2);
+      for (int k = 0; k < 5 && s0.rows == 5 && s1.rows == 5; k++) {
+        long r0 = snap_find(&s0, ukeys[k]), r1 = snap_find(&s1, ukeys[k]);
+        const float *f0 = s0.values + r0 * 2 * DIM;
+        const float *f1 = s1.values + r1 * 2 * DIM;
+        if (ukeys[k] == 2 || ukeys[k] == 5) {
+          CHECK(!memcmp(f0, f1, sizeof(float) * 2 * DIM));
+          continue;
+        }
+        double w[2 * DIM], g[DIM] = {0};
+        widen(f0, w, 2 * DIM);
+        for (int i = 0; i < N; i++)
+          if (keys[i] == ukeys[k])
+            for (int e = 0; e < DIM; e++)
+              g[e] += (double)grads[i * DIM + e];
+        ref_step(&o, w, DIM, g, 0.1, 1);
+        CHECK(compare_row("mostly repeats", 1, f1, w, NULL, 2 * DIM,
+                          STEP_RTOL, STEP_ATOL) == 0);
+      }
+    }
+    dynemb_snapshot_free(&s0);
+    dynemb_snapshot_free(&s1);
+    CHECK_OK(dynemb_table_drop("optim_nan_repeats"));
+    dynemb_table_release(t);
+  }
+}
+
 static void test_apply_argument_errors(void) {
   dynemb_optimizer o = default_opt(DYNEMB_OPT_SGD, 0.01f);
   dynemb_table *t = make_table("optim_args", 2, &o, DYNEMB_NONFINITE_ERROR);
@@ -1139,6 +1208,7 @@ int main(void) {
   RUN(test_table_lazy_adam_step_count);
   RUN(test_nonfinite_error_policy);
   RUN(test_nonfinite_skip_policy);
+  RUN(test_nonfinite_mostly_repeats);
   RUN(test_apply_argument_errors);
   dynemb_registry_clear();
   return check_summary();

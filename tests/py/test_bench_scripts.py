@@ -41,3 +41,20 @@ def test_tf_op_costs_json():
                        ("native", ("step.hash", "step.gather", "step.sparse_adagrad"))):
         assert set(keys) <= set(j[side]), side
         assert j[side]["total"] == round(sum(j[side][k] for k in keys), 3)
+
+
+def test_step_costs_reads_dumped_ids(tmp_path):
+    """bench/tf_op_costs.py --dump-ids feeds build/step_costs (make bench-step)."""
+    ids = str(tmp_path / "ids.bin")
+    r = subprocess.run([sys.executable, "bench/tf_op_costs.py", "--dump-ids", ids,
+                        "--batches", "2", "--batch-size", "64"], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert os.path.getsize(ids) == 8 + 27 * 8 + 2 * (26 + 26) * 64 * 8  # wide: 26 ids a row
+    exe = os.path.join(ROOT, "build", "step_costs")
+    r = subprocess.run([exe, ids, "1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout.strip().splitlines()[-1])
+    assert j["ids_per_batch"] == 52 * 64 and j["tables"] == 27 and j["batches"] == 2
+    assert all(j[k] > 0 for k in ("prepare_hints", "lookup_hinted", "apply_hinted"))

@@ -1,0 +1,143 @@
+/* The table work of one training step of bench/tf_train.py, in C alone:
+ * the CPU cost per id of each engine phase (prepare with hints, hinted
+ * lookup, hinted apply) on the benchmark's own batches, without TensorFlow.
+ *
+ *   build/step_costs IDS_FILE [ROUNDS]     (make bench-step writes IDS_FILE)
+ *
+ * IDS_FILE (bench/tf_op_costs.py --dump-ids): int32 batches, int32 tables,
+ * then per table int32 ids-per-batch and int32 dim, then per table its
+ * [batches][ids] int64 ids. Tables are Adagrad (lr 0.05, accumulator 0.1),
+ * truncated-normal rows, admission after 2 sightings, as in the benchmark.
+ * Every id is prepared twice first (admitted), then each round runs every
+ * batch through the three phases in order; the figure is the median over
+ * rounds of CPU ns per id (all tables' ids). One JSON line on stdout.
+ * Exists to iterate on the engine's step path quickly; the TF-level
+ * figures are bench/tf_op_costs.py's. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dynemb.h"
+
+static double cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void die(const char *what) {
+  fprintf(stderr, "step_costs: %s: %s\n", what, dynemb_last_error());
+  exit(1);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: step_costs IDS_FILE [ROUNDS]\n");
+    return 2;
+  }
+  int rounds = argc > 2 ? atoi(argv[2]) : 7;
+  FILE *f = fopen(argv[1], "rb");
+  if (!f) {
+    perror(argv[1]);
+    return 1;
+  }
+  int32_t nb, nt;
+  if (fread(&nb, 4, 1, f) != 1 || fread(&nt, 4, 1, f) != 1 || nb <= 0 ||
+      nt <= 0 || nt > 1024) {
+    fprintf(stderr, "step_costs: %s: bad header\n", argv[1]);
+    return 1;
+  }
+  int32_t *n = calloc(nt, 4), *dim = calloc(nt, 4);
+  int64_t **ids = calloc(nt, sizeof *ids);
+  uint64_t **hints = calloc(nt, sizeof *hints);
+  float **out = calloc(nt, sizeof *out), **grad = calloc(nt, sizeof *grad);
+  dynemb_table **t = calloc(nt, sizeof *t);
+  size_t per_batch = 0;
+  for (int i = 0; i < nt; i++)
+    if (fread(&n[i], 4, 1, f) != 1 || fread(&dim[i], 4, 1, f) != 1) {
+      fprintf(stderr, "step_costs: %s: truncated\n", argv[1]);
+      return 1;
+    }
+  unsigned rs = 12345;
+  for (int i = 0; i < nt; i++) {
+    size_t m = (size_t)nb * n[i];
+    ids[i] = malloc(m * 8);
+    hints[i] = malloc(m * 8);
+    out[i] = malloc((size_t)n[i] * dim[i] * 4);
+    grad[i] = malloc((size_t)n[i] * dim[i] * 4);
+    if (fread(ids[i], 8, m, f) != m) {
+      fprintf(stderr, "step_costs: %s: truncated\n", argv[1]);
+      return 1;
+    }
+    for (size_t j = 0; j < (size_t)n[i] * dim[i]; j++)
+      grad[i][j] = ((rs = rs * 1103515245u + 12345u) >> 8) * (1.0f / 16777216) * 0.02f - 0.01f;
+    per_batch += n[i];
+    dynemb_table_config c;
+    dynemb_table_config_init(&c);
+    char name[32];
+    snprintf(name, sizeof name, "t%d", i);
+    c.name = name;
+    c.dim = dim[i];
+    c.init.kind = DYNEMB_INIT_TRUNCATED_NORMAL;
+    c.init.b = 0.05f;
+    c.init.seed = (uint64_t)i;
+    c.optimizer.kind = DYNEMB_OPT_ADAGRAD;
+    c.optimizer.learning_rate = 0.05f;
+    c.optimizer.initial_accumulator_value = 0.1f;
+    c.access_threshold = 2;
+    if (getenv("SHARDS")) c.shards = atoi(getenv("SHARDS"));
+    if (dynemb_table_create(&c, &t[i])) die("create");
+  }
+  fclose(f);
+  for (int pass = 0; pass < 2; pass++)
+    for (int b = 0; b < nb; b++)
+      for (int i = 0; i < nt; i++)
+        if (dynemb_prepare_hints(t[i], ids[i] + (size_t)b * n[i], n[i],
+                                 DYNEMB_LOOKUP_TRAIN, 0,
+                                 hints[i] + (size_t)b * n[i]))
+          die("prepare");
+  double *ph[3];
+  for (int k = 0; k < 3; k++) ph[k] = calloc(rounds, sizeof(double));
+  for (int r = 0; r < rounds; r++) {
+    double acc[3] = {0, 0, 0};
+    for (int b = 0; b < nb; b++) {
+      double t0 = cpu_ns();
+      for (int i = 0; i < nt; i++)
+        if (dynemb_prepare_hints(t[i], ids[i] + (size_t)b * n[i], n[i],
+                                 DYNEMB_LOOKUP_TRAIN, 0,
+                                 hints[i] + (size_t)b * n[i]))
+          die("prepare");
+      double t1 = cpu_ns();
+      for (int i = 0; i < nt; i++)
+        if (dynemb_lookup_hinted(t[i], ids[i] + (size_t)b * n[i],
+                                 hints[i] + (size_t)b * n[i], n[i], out[i]))
+          die("lookup");
+      double t2 = cpu_ns();
+      for (int i = 0; i < nt; i++)
+        if (dynemb_apply_hinted(t[i], ids[i] + (size_t)b * n[i],
+                                hints[i] + (size_t)b * n[i], n[i], grad[i],
+                                -1.0f, NULL))
+          die("apply");
+      double t3 = cpu_ns();
+      acc[0] += t1 - t0;
+      acc[1] += t2 - t1;
+      acc[2] += t3 - t2;
+    }
+    for (int k = 0; k < 3; k++) ph[k][r] = acc[k] / ((double)nb * per_batch);
+  }
+  for (int k = 0; k < 3; k++) qsort(ph[k], rounds, sizeof(double), cmp_d);
+  const double p = ph[0][rounds / 2], l = ph[1][rounds / 2],
+               a = ph[2][rounds / 2];
+  printf("{\"benchmark\": \"step_costs\", \"unit\": \"CPU ns per id\", "
+         "\"ids_per_batch\": %zu, \"tables\": %d, \"batches\": %d, "
+         "\"prepare_hints\": %.2f, \"lookup_hinted\": %.2f, "
+         "\"apply_hinted\": %.2f, \"ms_per_batch\": %.3f}\n",
+         per_batch, nt, nb, p, l, a, (p + l + a) * per_batch / 1e6);
+  return 0;
+}
