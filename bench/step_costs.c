@@ -10,7 +10,11 @@
  * truncated-normal rows, admission after 2 sightings, as in the benchmark.
  * Every id is prepared twice first (admitted), then each round runs every
  * batch through the three phases in order; the figure is the median over
- * rounds of CPU ns per id (all tables' ids). One JSON line on stdout.
+ * rounds of CPU ns per id (all tables' ids). Between phases (untimed) the
+ * harness writes POLLUTE_MB MiB (default 4) of other memory, as the
+ * model's layers do between a step's lookups and its applies, so that
+ * the phases do not find each other's lines in cache more than they would
+ * in training (0 turns it off). One JSON line on stdout.
  * Exists to iterate on the engine's step path quickly; the TF-level
  * figures are bench/tf_op_costs.py's. */
 #include <stdio.h>
@@ -31,6 +35,11 @@ static int cmp_d(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* Writes `bytes` of `buf` (untimed: evicts the phases' lines). */
+static void pollute(unsigned char *buf, size_t bytes) {
+  for (size_t i = 0; i < bytes; i += 64) buf[i]++;
+}
+
 static void die(const char *what) {
   fprintf(stderr, "step_costs: %s: %s\n", what, dynemb_last_error());
   exit(1);
@@ -42,6 +51,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   int rounds = argc > 2 ? atoi(argv[2]) : 7;
+  const char *pm = getenv("POLLUTE_MB");
+  const size_t pollute_bytes = (size_t)(pm ? atoi(pm) : 4) << 20;
+  unsigned char *junk = calloc(pollute_bytes + 64, 1);
   FILE *f = fopen(argv[1], "rb");
   if (!f) {
     perror(argv[1]);
@@ -114,20 +126,25 @@ int main(int argc, char **argv) {
                                  hints[i] + (size_t)b * n[i]))
           die("prepare");
       double t1 = cpu_ns();
+      pollute(junk, pollute_bytes);
+      double t1b = cpu_ns();
       for (int i = 0; i < nt; i++)
         if (dynemb_lookup_hinted(t[i], ids[i] + (size_t)b * n[i],
                                  hints[i] + (size_t)b * n[i], n[i], out[i]))
           die("lookup");
       double t2 = cpu_ns();
+      pollute(junk, pollute_bytes);
+      double t2b = cpu_ns();
       for (int i = 0; i < nt; i++)
         if (dynemb_apply_hinted(t[i], ids[i] + (size_t)b * n[i],
                                 hints[i] + (size_t)b * n[i], n[i], grad[i],
                                 -1.0f, NULL))
           die("apply");
       double t3 = cpu_ns();
+      pollute(junk, pollute_bytes);
       acc[0] += t1 - t0;
-      acc[1] += t2 - t1;
-      acc[2] += t3 - t2;
+      acc[1] += t2 - t1b;
+      acc[2] += t3 - t2b;
     }
     for (int k = 0; k < 3; k++) ph[k][r] = acc[k] / ((double)nb * per_batch);
   }
@@ -137,7 +154,9 @@ int main(int argc, char **argv) {
   printf("{\"benchmark\": \"step_costs\", \"unit\": \"CPU ns per id\", "
          "\"ids_per_batch\": %zu, \"tables\": %d, \"batches\": %d, "
          "\"prepare_hints\": %.2f, \"lookup_hinted\": %.2f, "
-         "\"apply_hinted\": %.2f, \"ms_per_batch\": %.3f}\n",
-         per_batch, nt, nb, p, l, a, (p + l + a) * per_batch / 1e6);
+         "\"apply_hinted\": %.2f, \"ms_per_batch\": %.3f, "
+         "\"pollute_mb\": %zu}\n",
+         per_batch, nt, nb, p, l, a, (p + l + a) * per_batch / 1e6,
+         pollute_bytes >> 20);
   return 0;
 }
