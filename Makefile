@@ -108,6 +108,12 @@ compat-venv: $(COMPAT_VENV)/.stamp
 ops: venv build/libdynemb.a
 	$(MAKE) --no-print-directory -f tf/ops.mk PYTHON=$(VPY)
 
+# An analysis build of the op library for bench/tf_train.py's dynemb_hollow
+# variant: the same kernels with every engine call left out (never install it).
+ops-hollow: venv build/libdynemb.a
+	$(MAKE) --no-print-directory -f tf/ops.mk PYTHON=$(VPY) \
+	  OUT=build/tf-hollow/_dynemb_ops.so EXTRA_CFLAGS=-DDYNEMB_OPS_HOLLOW
+
 install-py: venv
 	$(VPY) $(PIP) --no-build-isolation -e .
 
@@ -117,7 +123,7 @@ install-py: venv
 test: all c-tests
 	@if command -v clang >/dev/null 2>&1; then $(MAKE) --no-print-directory build/fuzz/fuzz_ckpt; fi
 	@$(MAKE) --no-print-directory install-py
-	@$(MAKE) --no-print-directory ops
+	@$(MAKE) --no-print-directory ops ops-hollow
 	@if [ "$(TF_COMPAT)" != 0 ]; then $(MAKE) --no-print-directory compat-venv; fi
 	@TF_COMPAT=$(TF_COMPAT) TF_COMPAT_VENV=$(COMPAT_VENV) bash tests/run_all.sh
 
@@ -158,7 +164,7 @@ bench-ssd: all
 clean:
 	rm -rf build
 
-.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench bench-ssd probe-limit bench-step clean
+.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench bench-ssd probe-limit bench-step ops-hollow clean
 
 # --- TensorFlow training benchmark (bench/tf_train.py) -------------------------
 # TFRA needs its own TensorFlow, so it gets its own virtualenv; where pip cannot
@@ -171,7 +177,7 @@ $(TFRA_VENV)/.stamp:
 	  $(TFRA_VENV)/bin/pip install -q $(TFRA_PIN) numpy && touch $@) || \
 	  echo "bench-tf: could not install $(TFRA_PIN) into $(TFRA_VENV)" >&2
 
-bench-tf: all install-py
+bench-tf: all install-py ops-hollow
 	@$(MAKE) --no-print-directory $(TFRA_VENV)/.stamp
 	$(VPY) bench/tf_train.py --json
 

@@ -30,6 +30,16 @@ dense weights):
              any embedding store could reach against native on this model and
              machine: what is left of the step is the MLP, the dense optimizer,
              the executor and the input.
+  dynemb_hollow
+             the dynemb graph and op library built without the engine's work
+             (`make ops-hollow`: the kernels write their outputs -- zero rows,
+             "no row" hints -- without calling the engine; it does not train).
+             Its CPU ms per step against dynemb's is what the engine's own
+             work costs the step (`engine_cpu_ms_per_step`); its samples/s
+             against TF native's, `hollow_vs_tf_native`, what dynemb's graph
+             (prepared lookups in the input pipeline, hints, applies) would
+             reach with an engine that cost nothing. Skipped, with the reason
+             in `hollow_note`, when build/tf-hollow/_dynemb_ops.so is missing.
 
 Each variant's graph is built by one function (build_<variant>); every
 measurement runs in a fresh subprocess, the variants interleaved, --repeats times;
@@ -64,7 +74,8 @@ from typing import Any, Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
-VARIANTS = ("dynemb", "tf_native", "tfra", "embedding_free")
+VARIANTS = ("dynemb", "tf_native", "tfra", "embedding_free", "dynemb_hollow")
+HOLLOW_OPS_LIB = os.path.join(REPO, "build", "tf-hollow", "_dynemb_ops.so")
 NUM_CAT = 26
 NUM_INT = 13
 CAT_NAMES = tuple(f"C{i + 1}" for i in range(NUM_CAT))
@@ -287,7 +298,8 @@ def build_embedding_free(tf, cfg: Dict) -> Dict:
 
 
 BUILDERS = {"dynemb": build_dynemb, "tf_native": build_tf_native, "tfra": build_tfra,
-            "embedding_free": build_embedding_free}
+            "embedding_free": build_embedding_free,
+            "dynemb_hollow": build_dynemb}  # (with the hollow op library: run_variant)
 
 
 # ---------------------------------------------------------------------------
@@ -384,6 +396,8 @@ def run_variant(py: str, cfg: Dict, timeout: float) -> Dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONWARNINGS="ignore")
     if cfg["variant"] == "tfra":
         env.setdefault("TF_USE_LEGACY_KERAS", "1")
+    if cfg["variant"] == "dynemb_hollow":
+        env["DYNEMB_OPS_LIB"] = HOLLOW_OPS_LIB
     proc = subprocess.run([py, os.path.abspath(__file__), "--worker", json.dumps(cfg)],
                           capture_output=True, text=True, env=env, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -479,6 +493,11 @@ def main(argv=None) -> int:
         log(f"unknown variants {bad}; known: {list(VARIANTS)}")
         return 2
     tfra_note = None
+    hollow_note = None
+    if "dynemb_hollow" in variants and not os.path.isfile(HOLLOW_OPS_LIB):
+        hollow_note = f"no analysis op library at {HOLLOW_OPS_LIB} (`make ops-hollow` builds it)"
+        log(f"dynemb_hollow skipped: {hollow_note}")
+        variants.remove("dynemb_hollow")
     if "tfra" in variants:
         tfra_note = tfra_available(args.tfra_python)
         if tfra_note:
@@ -505,7 +524,7 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     if runs is None:
         return 1
-    report(args, runs, tfra_note, info, load_before)
+    report(args, runs, tfra_note, info, load_before, hollow_note)
     return 0
 
 
@@ -529,7 +548,7 @@ def measure(args, base: Dict, variants: List[str], tfra_note: Optional[str]):
                     continue
                 return None, tfra_note
             runs[v].append(r)
-            log(f"rep {rep + 1}/{args.repeats} {v:9s} {r['samples_per_s']:10,.0f} samples/s "
+            log(f"rep {rep + 1}/{args.repeats} {v:14s} {r['samples_per_s']:10,.0f} samples/s "
                 f"({r['ms_per_step']:.1f} ms/step, {r['cpu_ms_per_step']:.1f} CPU ms/step, "
                 f"p50/p90/max {r['step_ms_p50_p90_max']} ms, loss {r['loss_first']:.4f} -> "
                 f"{r['loss_last']:.4f}, TF {r['tf_version']})")
@@ -537,7 +556,7 @@ def measure(args, base: Dict, variants: List[str], tfra_note: Optional[str]):
 
 
 def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Dict,
-           load_before: float) -> None:
+           load_before: float, hollow_note: Optional[str] = None) -> None:
     median = {v: statistics.median(r["samples_per_s"] for r in rs) for v, rs in runs.items() if rs}
     per_cpu = {v: statistics.median(r["samples_per_cpu_s"] for r in rs)
                for v, rs in runs.items() if rs}
@@ -570,6 +589,10 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
         return round(statistics.median(x["samples_per_s"] / y["samples_per_s"]
                                        for x, y in zip(runs[a], runs[b])), 3)
 
+    cpu_ms = {v: statistics.median(r["cpu_ms_per_step"] for r in rs)
+              for v, rs in runs.items() if rs}
+    engine_ms = (round(cpu_ms["dynemb"] - cpu_ms["dynemb_hollow"], 2)
+                 if "dynemb" in cpu_ms and "dynemb_hollow" in cpu_ms else None)
     result = {
         "benchmark": "tf_train",
         "dynemb_samples_per_s": round(median["dynemb"]) if "dynemb" in median else None,
@@ -586,6 +609,13 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
                                          if "embedding_free" in median else None),
         "bound_vs_tf_native": ratio("embedding_free", "tf_native"),
         "bound_vs_tf_native_paired": paired("embedding_free", "tf_native"),
+        # The dynemb graph with an engine that costs nothing (module doc).
+        "dynemb_hollow_samples_per_s": (round(median["dynemb_hollow"])
+                                        if "dynemb_hollow" in median else None),
+        "hollow_vs_tf_native": ratio("dynemb_hollow", "tf_native"),
+        "hollow_vs_tf_native_paired": paired("dynemb_hollow", "tf_native"),
+        "engine_cpu_ms_per_step": engine_ms,
+        "hollow_note": hollow_note,
         # Samples per CPU-second (all threads of the process): steadier than wall
         # time when other work shares the machine.
         "samples_per_cpu_s": {v: round(x) for v, x in per_cpu.items()},

@@ -294,6 +294,18 @@ static dynemb_table *find_table(TF_OpKernelContext *ctx, const kstate *k,
   return t;
 }
 
+/* DYNEMB_OPS_HOLLOW (`make ops-hollow`, an analysis build, never for
+ * training): the lookup, prepare and apply kernels fetch their inputs and
+ * write their outputs (zero rows, "no row" hints or flags, 0 applied)
+ * without calling the engine. bench/tf_train.py's dynemb_hollow variant
+ * runs the dynemb graph with it: what the engine's own work costs a
+ * training step is the difference to the dynemb variant. */
+#ifdef DYNEMB_OPS_HOLLOW
+#define HOLLOW 1
+#else
+#define HOLLOW 0
+#endif
+
 /* Fetches input i; on failure fails the kernel and returns NULL. */
 static TF_Tensor *input(TF_OpKernelContext *ctx, int i) {
   TF_Status *st = TF_NewStatus();
@@ -386,6 +398,10 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const int64_t dims[2] = {n, dim};
   if (!(out = output(ctx, 0, TF_FLOAT, dims, 2, sizeof(float)))) goto done;
   if (n == 0) goto done;
+  if (HOLLOW) {
+    memset(TF_TensorData(out), 0, (size_t)n * (size_t)dim * sizeof(float));
+    goto done;
+  }
   const int64_t *keys = ids_as_int64(ctx, k, ids, n, "lookup", &wide);
   if (!keys) goto done;
   int rc;
@@ -456,6 +472,11 @@ static void prepare_common(void *p, TF_OpKernelContext *ctx, int with_hints) {
     goto done;
   const int64_t n = TF_TensorElementCount(ids);
   if (n == 0) goto done;
+  if (HOLLOW) { /* -1 (DYNEMB_NO_HINT) or false: no row */
+    memset(TF_TensorData(out), with_hints ? 0xff : 0,
+           (size_t)n * (with_hints ? sizeof(int64_t) : 1));
+    goto done;
+  }
   const int64_t *keys = ids_as_int64(ctx, k, ids, n, "prepare", &wide);
   if (!keys) goto done;
   const int mode = k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL;
@@ -515,6 +536,10 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
     goto done;
   }
   dynemb_apply_stats s = {0};
+  if (HOLLOW) {
+    set_scalar_output(ctx, 0, 0);
+    goto done;
+  }
   int rc = k->use_hints
                ? dynemb_apply_hinted(t, TF_TensorData(keys),
                                      TF_TensorData(allowed), (size_t)n,

@@ -26,9 +26,11 @@ TF_INC  := $(word 1,$(TF_INFO))
 TF_LIB  := $(word 2,$(TF_INFO))
 TF_VER  := $(word 3,$(TF_INFO))
 
+# EXTRA_CFLAGS: -DDYNEMB_OPS_HOLLOW builds the analysis library of
+# `make ops-hollow` (tf/dynemb_ops.c says what it is; never for training).
 OPS_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -fvisibility=hidden -pthread \
               -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
-              -Iinclude -isystem $(TF_INC)
+              -Iinclude -isystem $(TF_INC) $(EXTRA_CFLAGS)
 OPS_LDFLAGS := -shared -L$(TF_LIB) -Wl,--no-undefined
 
 $(OUT): tf/dynemb_ops.c tf/ops.mk include/dynemb.h build/libdynemb.a

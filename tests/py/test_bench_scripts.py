@@ -21,8 +21,8 @@ def _last_json(*args: str) -> dict:
 
 def test_tf_train_json():
     j = _last_json("bench/tf_train.py", "--json", "--variants",
-                   "dynemb,tf_native,embedding_free", "--repeats", "1", "--steps", "6",
-                   "--warmup", "2")
+                   "dynemb,tf_native,embedding_free,dynemb_hollow", "--repeats", "1",
+                   "--steps", "6", "--warmup", "2")
     assert j["dynemb_samples_per_s"] > 0 and j["tf_native_samples_per_s"] > 0
     assert j["vs_tf_native"] > 0 and j["tfra_samples_per_s"] is None
     assert j["embedding_free_samples_per_s"] > 0 and j["bound_vs_tf_native"] > 0
@@ -30,6 +30,9 @@ def test_tf_train_json():
         (run,) = j["runs"][v]
         assert run["loss_last"] < run["loss_first"], v  # it trains
     assert j["config"]["source"]["ops_lib_sha256"]
+    # `make test` builds the analysis library (make ops-hollow)
+    assert j["hollow_note"] is None and j["dynemb_hollow_samples_per_s"] > 0
+    assert j["hollow_vs_tf_native"] > 0 and isinstance(j["engine_cpu_ms_per_step"], float)
 
 
 def test_tf_op_costs_json():
