@@ -1084,9 +1084,16 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
   const size_t rbytes = dim * sizeof(float);
   unsigned char *mark = calloc(S, 1);
   uint32_t *stale = malloc(n * sizeof *stale + 1);
-  if (!mark || !stale) {
+  uint32_t *tag = malloc(S * sizeof *tag), *first_rows = malloc(S * sizeof *first_rows);
+  uint64_t *nslots = malloc(S * sizeof *nslots);
+  const float **first = malloc(S * sizeof *first);
+  if (!mark || !stale || !tag || !nslots || !first || !first_rows) {
     free(mark);
     free(stale);
+    free(tag);
+    free(nslots);
+    free(first);
+    free(first_rows);
     return dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory for a hinted lookup of "
                             "%zu keys; use smaller batches",
@@ -1095,8 +1102,23 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
   for (size_t i = 0; i < n; i++)
     if (hints[i] != DYNEMB_NO_HINT && HINT_SHARD(hints[i]) < S)
       mark[HINT_SHARD(hints[i])] = 1;
+  /* per locked shard, read once here rather than from the shard's struct
+   * for each key (a training batch touches every shard of a table, a few
+   * keys each): its current hint tag (generation and shard: a current
+   * hint's high half), its slot count, and its first chunk (the rows of
+   * small shards; row stride dim = the arena's emb_floats). Hinted reads
+   * of bench/step_costs's batches: 8.0-8.5 -> 7.0-7.1 ns per id. */
   for (size_t s = 0; s < S; s++)
-    if (mark[s]) pthread_rwlock_rdlock(&t->shards[s].lock);
+    if (mark[s]) {
+      pthread_rwlock_rdlock(&t->shards[s].lock);
+      const dynemb_shard *sh = &t->shards[s];
+      tag[s] = (uint32_t)(make_hint(sh, (uint32_t)s, 0) >> 32);
+      nslots[s] = sh->arena.slots;
+      first[s] = sh->arena.nchunks ? sh->arena.chunks[0] : NULL;
+      first_rows[s] = sh->arena.nchunks ? UINT32_C(1) << sh->arena.first_shift : 0;
+    } else {
+      tag[s] = UINT32_MAX; /* (no hint has it: shard bits < S) */
+    }
   const float *ring[HINT_RING];
   size_t nstale = 0;
   uint64_t hits = 0;
@@ -1105,9 +1127,14 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
       const uint64_t hi = hints[i];
       const float *r = t->default_value; /* not admitted at prepare time */
       if (hi != DYNEMB_NO_HINT) {
-        const dynemb_shard *sh = HINT_SHARD(hi) < S ? &t->shards[HINT_SHARD(hi)] : NULL;
-        if (sh && hint_valid(sh, hi)) {
-          r = row_of(sh, HINT_LOC(hi));
+        const uint32_t hs = HINT_SHARD(hi);
+        const dynemb_shard *sh = hs < S ? &t->shards[hs] : NULL;
+        if (sh && (uint32_t)(hi >> 32) == tag[hs] &&
+            DYNEMB_LOC_TIER(HINT_LOC(hi)) == DYNEMB_TIER_HOST &&
+            DYNEMB_LOC_SLOT(HINT_LOC(hi)) < nslots[hs]) {
+          const uint32_t slot = DYNEMB_LOC_SLOT(HINT_LOC(hi));
+          r = slot < first_rows[hs] ? first[hs] + (size_t)slot * dim
+                                    : row_of(sh, HINT_LOC(hi));
           prefetch_lines(r, rbytes);
           hits++;
         } else {
@@ -1125,6 +1152,10 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
   for (size_t s = S; s-- > 0;)
     if (mark[s]) pthread_rwlock_unlock(&t->shards[s].lock);
   free(mark);
+  free(tag);
+  free(nslots);
+  free(first);
+  free(first_rows);
   int rc = DYNEMB_OK;
   if (nstale) { /* as an EVAL lookup of those keys would read them now */
     int64_t *sk = malloc(nstale * sizeof *sk);
