@@ -342,10 +342,10 @@ static int check_now(const dynemb_table *t, int64_t now) {
 /* ------------------------------------------------------------------------ */
 
 /* The first occurrence of each key of a batch (apply's dedupe): open
- * addressing over batch positions, at least
- * twice as many entries as the batch has keys. An entry holds the key
- * hash's high half (compared first, so another key rarely costs a load of
- * its own) above position + 1; 0 is empty. */
+ * addressing over batch positions, at least twice as many entries as the
+ * batch has keys. An entry holds the key hash's high half (compared first,
+ * so another key rarely costs a load of its own) above position + 1; 0 is
+ * empty. */
 typedef struct firsts_table {
   uint64_t *slot;
   uint64_t mask;
@@ -432,6 +432,34 @@ static inline int hint_valid(const dynemb_shard *sh, uint64_t hi) {
   return HINT_GEN(hi) == (sh->gen & HINT_GEN_MASK) &&
          DYNEMB_LOC_TIER(HINT_LOC(hi)) == DYNEMB_TIER_HOST &&
          DYNEMB_LOC_SLOT(HINT_LOC(hi)) < sh->arena.slots;
+}
+
+/* What a hinted read needs of a read-locked shard, copied once per call
+ * into an array side by side rather than read from each shard's struct for
+ * every key (a training batch touches every shard of a table, a few keys
+ * each; hinted reads of bench/step_costs's batches: 8.0-8.5 -> 7.0-7.1 ns
+ * per id): a current hint's high half (generation and shard), the slot
+ * count, and the first chunk, which holds all rows of small shards. */
+typedef struct shard_view {
+  uint32_t tag;
+  uint32_t first_rows; /* rows of the first chunk (0: none yet) */
+  uint64_t slots;
+  const float *first;  /* row stride: dim (the arena's emb_floats) */
+} shard_view;
+
+static inline void shard_view_of(const dynemb_shard *sh, uint32_t shard,
+                                 shard_view *v) {
+  v->tag = (uint32_t)(make_hint(sh, shard, 0) >> 32);
+  v->slots = sh->arena.slots;
+  v->first = sh->arena.nchunks ? sh->arena.chunks[0] : NULL;
+  v->first_rows = sh->arena.nchunks ? UINT32_C(1) << sh->arena.first_shift : 0;
+}
+
+/* hint_valid through a view of the hint's shard. */
+static inline int view_hint_valid(const shard_view *v, uint64_t hi) {
+  return (uint32_t)(hi >> 32) == v->tag &&
+         DYNEMB_LOC_TIER(HINT_LOC(hi)) == DYNEMB_TIER_HOST &&
+         DYNEMB_LOC_SLOT(HINT_LOC(hi)) < v->slots;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1084,16 +1112,11 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
   const size_t rbytes = dim * sizeof(float);
   unsigned char *mark = calloc(S, 1);
   uint32_t *stale = malloc(n * sizeof *stale + 1);
-  uint32_t *tag = malloc(S * sizeof *tag), *first_rows = malloc(S * sizeof *first_rows);
-  uint64_t *nslots = malloc(S * sizeof *nslots);
-  const float **first = malloc(S * sizeof *first);
-  if (!mark || !stale || !tag || !nslots || !first || !first_rows) {
+  shard_view *view = malloc(S * sizeof *view);
+  if (!mark || !stale || !view) {
     free(mark);
     free(stale);
-    free(tag);
-    free(nslots);
-    free(first);
-    free(first_rows);
+    free(view);
     return dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory for a hinted lookup of "
                             "%zu keys; use smaller batches",
@@ -1102,22 +1125,10 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
   for (size_t i = 0; i < n; i++)
     if (hints[i] != DYNEMB_NO_HINT && HINT_SHARD(hints[i]) < S)
       mark[HINT_SHARD(hints[i])] = 1;
-  /* per locked shard, read once here rather than from the shard's struct
-   * for each key (a training batch touches every shard of a table, a few
-   * keys each): its current hint tag (generation and shard: a current
-   * hint's high half), its slot count, and its first chunk (the rows of
-   * small shards; row stride dim = the arena's emb_floats). Hinted reads
-   * of bench/step_costs's batches: 8.0-8.5 -> 7.0-7.1 ns per id. */
   for (size_t s = 0; s < S; s++)
     if (mark[s]) {
       pthread_rwlock_rdlock(&t->shards[s].lock);
-      const dynemb_shard *sh = &t->shards[s];
-      tag[s] = (uint32_t)(make_hint(sh, (uint32_t)s, 0) >> 32);
-      nslots[s] = sh->arena.slots;
-      first[s] = sh->arena.nchunks ? sh->arena.chunks[0] : NULL;
-      first_rows[s] = sh->arena.nchunks ? UINT32_C(1) << sh->arena.first_shift : 0;
-    } else {
-      tag[s] = UINT32_MAX; /* (no hint has it: shard bits < S) */
+      shard_view_of(&t->shards[s], (uint32_t)s, &view[s]);
     }
   const float *ring[HINT_RING];
   size_t nstale = 0;
@@ -1128,13 +1139,11 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
       const float *r = t->default_value; /* not admitted at prepare time */
       if (hi != DYNEMB_NO_HINT) {
         const uint32_t hs = HINT_SHARD(hi);
-        const dynemb_shard *sh = hs < S ? &t->shards[hs] : NULL;
-        if (sh && (uint32_t)(hi >> 32) == tag[hs] &&
-            DYNEMB_LOC_TIER(HINT_LOC(hi)) == DYNEMB_TIER_HOST &&
-            DYNEMB_LOC_SLOT(HINT_LOC(hi)) < nslots[hs]) {
+        /* (shards of valid hints are marked, their views filled) */
+        if (hs < S && mark[hs] && view_hint_valid(&view[hs], hi)) {
           const uint32_t slot = DYNEMB_LOC_SLOT(HINT_LOC(hi));
-          r = slot < first_rows[hs] ? first[hs] + (size_t)slot * dim
-                                    : row_of(sh, HINT_LOC(hi));
+          r = slot < view[hs].first_rows ? view[hs].first + (size_t)slot * dim
+                                         : row_of(&t->shards[hs], HINT_LOC(hi));
           prefetch_lines(r, rbytes);
           hits++;
         } else {
@@ -1152,10 +1161,7 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
   for (size_t s = S; s-- > 0;)
     if (mark[s]) pthread_rwlock_unlock(&t->shards[s].lock);
   free(mark);
-  free(tag);
-  free(nslots);
-  free(first);
-  free(first_rows);
+  free(view);
   int rc = DYNEMB_OK;
   if (nstale) { /* as an EVAL lookup of those keys would read them now */
     int64_t *sk = malloc(nstale * sizeof *sk);
@@ -1332,7 +1338,6 @@ int dynemb_apply_hinted(dynemb_table *t, const int64_t *keys,
   return apply_impl(t, keys, n, grads, learning_rate, NULL, hints, stats);
 }
 
-
 int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys, size_t n,
                           const float *grads, float learning_rate,
                           const int64_t *allowed, size_t n_allowed,
@@ -1402,9 +1407,9 @@ static int ssd_apply_row(dynemb_table *t, const dynemb_optim_step *ostep,
 }
 
 /* Apply, in two phases so that a failure changes nothing:
- *  A (no locks): dedupe the batch's keys in batch order (a hash table of
- *    unique numbers sized for the batch), sum the gradients of repeated
- *    keys in one pass over the caller's rows in batch order, check
+ *  A (no locks): dedupe the batch's keys in batch order (firsts_table),
+ *    sum the gradients of repeated keys in one pass over the caller's rows
+ *    in batch order, check
  *    finiteness once per key (a NaN/Inf in any occurrence makes the sum
  *    non-finite; ERROR names the first bad gradient in batch order, or the
  *    key whose sum overflows); order the unique keys by shard;
