@@ -302,6 +302,10 @@ static dynemb_table *find_table(TF_OpKernelContext *ctx, const kstate *k,
  * training step is the difference to the dynemb variant. */
 #ifdef DYNEMB_OPS_HOLLOW
 #define HOLLOW 1
+/* Present only in this build: dynemb's Python package warns when it loads
+ * a library that has it (python/dynemb/_lib.py). */
+__attribute__((visibility("default"))) int dynemb_ops_hollow(void);
+int dynemb_ops_hollow(void) { return 1; }
 #else
 #define HOLLOW 0
 #endif

@@ -37,6 +37,14 @@ def _find_library() -> str:
 LIB_PATH = _find_library()
 ops: Any = tf.load_op_library(LIB_PATH)  # registers the kernels
 clib = ctypes.CDLL(LIB_PATH)              # the same library, already loaded
+# The analysis build of `make ops-hollow` (bench/tf_train.py's dynemb_hollow)
+# leaves the engine out of its kernels: say so loudly if it is loaded.
+HOLLOW = hasattr(clib, "dynemb_ops_hollow")
+if HOLLOW:
+    from dynemb.util.log import logger
+    logger.warning("%s is the analysis build of `make ops-hollow`: lookups read zeros "
+                   "and nothing is trained. Use the library of `make ops` (unset "
+                   "DYNEMB_OPS_LIB) for training.", LIB_PATH)
 
 # --- engine constants (include/dynemb.h) ------------------------------------
 OK, EINVAL, ENOMEM, EEXIST, ENOTFOUND, EDIM = 0, 1, 2, 3, 4, 5

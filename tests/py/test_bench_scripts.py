@@ -61,3 +61,16 @@ def test_step_costs_reads_dumped_ids(tmp_path):
     j = json.loads(r.stdout.strip().splitlines()[-1])
     assert j["ids_per_batch"] == 52 * 64 and j["tables"] == 27 and j["batches"] == 2
     assert all(j[k] > 0 for k in ("prepare_hints", "lookup_hinted", "apply_hinted"))
+
+
+def test_hollow_library_says_what_it_is():
+    """The analysis op library of `make ops-hollow` warns when loaded; the real one does not."""
+    code = "import dynemb._lib as l; print('HOLLOW', l.HOLLOW)"
+    for lib, hollow in (("build/tf-hollow/_dynemb_ops.so", True), ("build/tf/_dynemb_ops.so", False)):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=300, cwd=ROOT,
+                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                                    DYNEMB_OPS_LIB=os.path.join(ROOT, lib)))
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"HOLLOW {hollow}" in r.stdout
+        assert ("analysis build of `make ops-hollow`" in r.stderr) == hollow, r.stderr[-2000:]
