@@ -45,6 +45,32 @@ static void die(const char *what) {
   exit(1);
 }
 
+/* The tables and, per table, ids per batch, dim, every batch's ids and
+ * hints, and one batch's output and gradient rows. */
+static int32_t nt, *n, *dim;
+static int64_t **ids;
+static uint64_t **hints;
+static float **out, **grad;
+static dynemb_table **t;
+
+enum { PREPARE, LOOKUP, APPLY };
+
+/* One phase of batch b on every table. */
+static void phase(int k, int b) {
+  for (int i = 0; i < nt; i++) {
+    const int64_t *keys = ids[i] + (size_t)b * n[i];
+    uint64_t *h = hints[i] + (size_t)b * n[i];
+    if (k == PREPARE &&
+        dynemb_prepare_hints(t[i], keys, n[i], DYNEMB_LOOKUP_TRAIN, 0, h))
+      die("prepare");
+    if (k == LOOKUP && dynemb_lookup_hinted(t[i], keys, h, n[i], out[i]))
+      die("lookup");
+    if (k == APPLY &&
+        dynemb_apply_hinted(t[i], keys, h, n[i], grad[i], -1.0f, NULL))
+      die("apply");
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: step_costs IDS_FILE [ROUNDS]\n");
@@ -59,17 +85,19 @@ int main(int argc, char **argv) {
     perror(argv[1]);
     return 1;
   }
-  int32_t nb, nt;
+  int32_t nb;
   if (fread(&nb, 4, 1, f) != 1 || fread(&nt, 4, 1, f) != 1 || nb <= 0 ||
       nt <= 0 || nt > 1024) {
     fprintf(stderr, "step_costs: %s: bad header\n", argv[1]);
     return 1;
   }
-  int32_t *n = calloc(nt, 4), *dim = calloc(nt, 4);
-  int64_t **ids = calloc(nt, sizeof *ids);
-  uint64_t **hints = calloc(nt, sizeof *hints);
-  float **out = calloc(nt, sizeof *out), **grad = calloc(nt, sizeof *grad);
-  dynemb_table **t = calloc(nt, sizeof *t);
+  n = calloc(nt, 4);
+  dim = calloc(nt, 4);
+  ids = calloc(nt, sizeof *ids);
+  hints = calloc(nt, sizeof *hints);
+  out = calloc(nt, sizeof *out);
+  grad = calloc(nt, sizeof *grad);
+  t = calloc(nt, sizeof *t);
   size_t per_batch = 0;
   for (int i = 0; i < nt; i++)
     if (fread(&n[i], 4, 1, f) != 1 || fread(&dim[i], 4, 1, f) != 1) {
@@ -103,49 +131,22 @@ int main(int argc, char **argv) {
     c.optimizer.learning_rate = 0.05f;
     c.optimizer.initial_accumulator_value = 0.1f;
     c.access_threshold = 2;
-    if (getenv("SHARDS")) c.shards = atoi(getenv("SHARDS"));
     if (dynemb_table_create(&c, &t[i])) die("create");
   }
   fclose(f);
-  for (int pass = 0; pass < 2; pass++)
-    for (int b = 0; b < nb; b++)
-      for (int i = 0; i < nt; i++)
-        if (dynemb_prepare_hints(t[i], ids[i] + (size_t)b * n[i], n[i],
-                                 DYNEMB_LOOKUP_TRAIN, 0,
-                                 hints[i] + (size_t)b * n[i]))
-          die("prepare");
+  for (int pass = 0; pass < 2; pass++) /* every id admitted */
+    for (int b = 0; b < nb; b++) phase(PREPARE, b);
   double *ph[3];
   for (int k = 0; k < 3; k++) ph[k] = calloc(rounds, sizeof(double));
   for (int r = 0; r < rounds; r++) {
     double acc[3] = {0, 0, 0};
-    for (int b = 0; b < nb; b++) {
-      double t0 = cpu_ns();
-      for (int i = 0; i < nt; i++)
-        if (dynemb_prepare_hints(t[i], ids[i] + (size_t)b * n[i], n[i],
-                                 DYNEMB_LOOKUP_TRAIN, 0,
-                                 hints[i] + (size_t)b * n[i]))
-          die("prepare");
-      double t1 = cpu_ns();
-      pollute(junk, pollute_bytes);
-      double t1b = cpu_ns();
-      for (int i = 0; i < nt; i++)
-        if (dynemb_lookup_hinted(t[i], ids[i] + (size_t)b * n[i],
-                                 hints[i] + (size_t)b * n[i], n[i], out[i]))
-          die("lookup");
-      double t2 = cpu_ns();
-      pollute(junk, pollute_bytes);
-      double t2b = cpu_ns();
-      for (int i = 0; i < nt; i++)
-        if (dynemb_apply_hinted(t[i], ids[i] + (size_t)b * n[i],
-                                hints[i] + (size_t)b * n[i], n[i], grad[i],
-                                -1.0f, NULL))
-          die("apply");
-      double t3 = cpu_ns();
-      pollute(junk, pollute_bytes);
-      acc[0] += t1 - t0;
-      acc[1] += t2 - t1b;
-      acc[2] += t3 - t2b;
-    }
+    for (int b = 0; b < nb; b++)
+      for (int k = PREPARE; k <= APPLY; k++) {
+        const double t0 = cpu_ns();
+        phase(k, b);
+        acc[k] += cpu_ns() - t0;
+        pollute(junk, pollute_bytes); /* untimed */
+      }
     for (int k = 0; k < 3; k++) ph[k][r] = acc[k] / ((double)nb * per_batch);
   }
   for (int k = 0; k < 3; k++) qsort(ph[k], rounds, sizeof(double), cmp_d);

@@ -35,9 +35,19 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf_train  # noqa: E402  (data preparation and table names)
+
+
+def table_ids(arrays, batches: int) -> List:
+    """Each of the 27 tables' ids as a [batches, ids per batch] array: the 26
+    deep tables', then the wide table's (the field index above the raw id,
+    tf_train.field_aware_ids)."""
+    import numpy as np
+    wide = np.stack([arrays[n] + (i << 33) for i, n in enumerate(tf_train.CAT_NAMES)], axis=2)
+    return [arrays[n] for n in tf_train.CAT_NAMES] + [wide.reshape(batches, -1)]
 
 
 def dump_ids(path: str, arrays, batches: int, dim: int) -> None:
@@ -46,8 +56,7 @@ def dump_ids(path: str, arrays, batches: int, dim: int) -> None:
     table its [batches][ids] int64 ids."""
     import struct
     import numpy as np
-    wide = np.stack([arrays[n] + (i << 33) for i, n in enumerate(tf_train.CAT_NAMES)], axis=2)
-    tables = [arrays[n] for n in tf_train.CAT_NAMES] + [wide.reshape(batches, -1)]
+    tables = table_ids(arrays, batches)
     dims = [dim] * tf_train.NUM_CAT + [1]
     with open(path, "wb") as f:
         f.write(struct.pack("<ii", batches, len(tables)))
@@ -94,9 +103,8 @@ def main(argv=None) -> int:
     B, names = args.batch_size, list(tf_train.CAT_NAMES) + ["wide"]
     dims = [args.dim] * tf_train.NUM_CAT + [1]
     sizes = [B] * tf_train.NUM_CAT + [B * tf_train.NUM_CAT]
-    wide = np.stack([arrays[n] + (i << 33) for i, n in enumerate(tf_train.CAT_NAMES)], axis=2)
-    batches = [[arrays[n][b] for n in tf_train.CAT_NAMES] + [wide[b].reshape(-1)]
-               for b in range(args.batches)]
+    tables = table_ids(arrays, args.batches)
+    batches = [[t[b] for t in tables] for b in range(args.batches)]
     ids = [tf.compat.v1.placeholder(tf.int64, [n], name=f"ids_{t}") for n, t in zip(sizes, names)]
     rng = np.random.default_rng(0)
     grads = [tf.constant(rng.standard_normal((n, d)).astype(np.float32) * 0.01)

@@ -426,12 +426,23 @@ static inline uint64_t make_hint(const dynemb_shard *sh, uint32_t shard,
 #define HINT_GEN(h) ((uint32_t)((h) >> 44))
 #define HINT_LOC(h) ((uint32_t)(h))
 
+/* Whether hint `hi` names a row's slot in host memory of a shard whose
+ * current hint tag (a hint's high half: generation and shard) is `tag` and
+ * that has `slots` slots. */
+static inline int hint_current(uint64_t hi, uint32_t tag, uint64_t slots) {
+  return (uint32_t)(hi >> 32) == tag &&
+         DYNEMB_LOC_TIER(HINT_LOC(hi)) == DYNEMB_TIER_HOST &&
+         DYNEMB_LOC_SLOT(HINT_LOC(hi)) < slots;
+}
+
+static inline uint32_t hint_tag(const dynemb_shard *sh, uint32_t shard) {
+  return (uint32_t)(make_hint(sh, shard, 0) >> 32);
+}
+
 /* Whether hint `hi` of shard `sh` (locked) still names its row's slot in
  * host memory. */
 static inline int hint_valid(const dynemb_shard *sh, uint64_t hi) {
-  return HINT_GEN(hi) == (sh->gen & HINT_GEN_MASK) &&
-         DYNEMB_LOC_TIER(HINT_LOC(hi)) == DYNEMB_TIER_HOST &&
-         DYNEMB_LOC_SLOT(HINT_LOC(hi)) < sh->arena.slots;
+  return hint_current(hi, hint_tag(sh, HINT_SHARD(hi)), sh->arena.slots);
 }
 
 /* What a hinted read needs of a read-locked shard, copied once per call
@@ -449,18 +460,12 @@ typedef struct shard_view {
 
 static inline void shard_view_of(const dynemb_shard *sh, uint32_t shard,
                                  shard_view *v) {
-  v->tag = (uint32_t)(make_hint(sh, shard, 0) >> 32);
+  v->tag = hint_tag(sh, shard);
   v->slots = sh->arena.slots;
   v->first = sh->arena.nchunks ? sh->arena.chunks[0] : NULL;
   v->first_rows = sh->arena.nchunks ? UINT32_C(1) << sh->arena.first_shift : 0;
 }
 
-/* hint_valid through a view of the hint's shard. */
-static inline int view_hint_valid(const shard_view *v, uint64_t hi) {
-  return (uint32_t)(hi >> 32) == v->tag &&
-         DYNEMB_LOC_TIER(HINT_LOC(hi)) == DYNEMB_TIER_HOST &&
-         DYNEMB_LOC_SLOT(HINT_LOC(hi)) < v->slots;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Inserting rows                                                            */
@@ -1140,7 +1145,7 @@ static int lookup_hinted_part(dynemb_table *t, const int64_t *keys,
       if (hi != DYNEMB_NO_HINT) {
         const uint32_t hs = HINT_SHARD(hi);
         /* (shards of valid hints are marked, their views filled) */
-        if (hs < S && mark[hs] && view_hint_valid(&view[hs], hi)) {
+        if (hs < S && mark[hs] && hint_current(hi, view[hs].tag, view[hs].slots)) {
           const uint32_t slot = DYNEMB_LOC_SLOT(HINT_LOC(hi));
           r = slot < view[hs].first_rows ? view[hs].first + (size_t)slot * dim
                                          : row_of(&t->shards[hs], HINT_LOC(hi));
