@@ -1,6 +1,6 @@
 /* The table work of one training step of bench/tf_train.py, in C alone:
- * the CPU cost per id of each engine phase (prepare with hints, hinted
- * lookup, hinted apply) on the benchmark's own batches, without TensorFlow.
+ * the CPU cost per id of each engine phase (prepare with tickets, prepared
+ * lookup, prepared apply) on the benchmark's own batches, without TensorFlow.
  *
  *   build/step_costs IDS_FILE [ROUNDS]     (make bench-step writes IDS_FILE)
  *
@@ -46,10 +46,10 @@ static void die(const char *what) {
 }
 
 /* The tables and, per table, ids per batch, dim, every batch's ids and
- * hints, and one batch's output and gradient rows. */
+ * tickets, and one batch's output and gradient rows. */
 static int32_t nt, *n, *dim;
 static int64_t **ids;
-static uint64_t **hints;
+static dynemb_ticket **tickets;
 static float **out, **grad;
 static dynemb_table **t;
 
@@ -59,14 +59,14 @@ enum { PREPARE, LOOKUP, APPLY };
 static void phase(int k, int b) {
   for (int i = 0; i < nt; i++) {
     const int64_t *keys = ids[i] + (size_t)b * n[i];
-    uint64_t *h = hints[i] + (size_t)b * n[i];
+    uint64_t *h = tickets[i] + (size_t)b * n[i];
     if (k == PREPARE &&
-        dynemb_prepare_hints(t[i], keys, n[i], DYNEMB_LOOKUP_TRAIN, 0, h))
+        dynemb_prepare(t[i], keys, n[i], DYNEMB_LOOKUP_TRAIN, 0, h))
       die("prepare");
-    if (k == LOOKUP && dynemb_lookup_hinted(t[i], keys, h, n[i], out[i]))
+    if (k == LOOKUP && dynemb_lookup_prepared(t[i], keys, h, n[i], out[i]))
       die("lookup");
     if (k == APPLY &&
-        dynemb_apply_hinted(t[i], keys, h, n[i], grad[i], -1.0f, NULL))
+        dynemb_apply_prepared(t[i], keys, h, n[i], grad[i], -1.0f, NULL))
       die("apply");
   }
 }
@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
   n = calloc(nt, 4);
   dim = calloc(nt, 4);
   ids = calloc(nt, sizeof *ids);
-  hints = calloc(nt, sizeof *hints);
+  tickets = calloc(nt, sizeof *tickets);
   out = calloc(nt, sizeof *out);
   grad = calloc(nt, sizeof *grad);
   t = calloc(nt, sizeof *t);
@@ -108,7 +108,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nt; i++) {
     size_t m = (size_t)nb * n[i];
     ids[i] = malloc(m * 8);
-    hints[i] = malloc(m * 8);
+    tickets[i] = malloc(m * 8);
     out[i] = malloc((size_t)n[i] * dim[i] * 4);
     grad[i] = malloc((size_t)n[i] * dim[i] * 4);
     if (fread(ids[i], 8, m, f) != m) {

@@ -3,7 +3,8 @@
  *
  * dynemb keeps large, ever-changing embedding tables for recommendation
  * training. A table maps 64-bit integer keys (feature ids) to rows; a row is
- * the embedding (`dim` floats) followed by the optimizer's slots. Tables need
+ * the embedding (`dim` floats) followed by the optimizer's slots (its
+ * state, TensorFlow's word). Tables need
  * no preset size: they grow as new keys arrive. Keys may be admitted only
  * after they were seen `access_threshold` times (feature admission) and rows
  * not seen for `eviction_threshold` time units are removed (feature eviction).
@@ -113,6 +114,9 @@ enum dynemb_optimizer_kind {
   DYNEMB_OPT_FTRL = 3
 };
 
+/* The optimizer's name ("sgd", "adagrad", "adam", "ftrl"), or "unknown". */
+DYNEMB_API const char *dynemb_optimizer_name(int kind);
+
 typedef struct dynemb_optimizer {
   int kind;                        /* enum dynemb_optimizer_kind */
   float learning_rate;             /* used when apply gets lr < 0 */
@@ -167,7 +171,7 @@ typedef struct dynemb_table_config {
    * of a few cold rows of the same shard moves to SSD; a row is cold if
    * the calling lookup did not touch it. When no row of the shard is cold,
    * memory exceeds its budget until later calls move rows. Train lookups
-   * bring rows back into memory; eval lookups, hinted lookups and applies
+   * bring rows back into memory; eval lookups, prepared reads and applies
    * read or update rows on SSD in place. Inserts fail with ECAPACITY only
    * when both tiers are full. The SSD file is anonymous (gone when the
    * process ends); checkpoints hold every row whatever its tier. With an
@@ -269,50 +273,43 @@ enum dynemb_lookup_mode {
 DYNEMB_API int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n,
                              int mode, int64_t now, float *out);
 
+/* Prepared batches. An input pipeline sends a batch's keys to the engine
+ * ahead of the training step (dynemb_prepare, possibly several batches
+ * ahead and on other threads); the step then reads the rows
+ * (dynemb_lookup_prepared) and applies the gradients
+ * (dynemb_apply_prepared) through the admission tickets that prepare
+ * wrote, one per key.
+ *
+ * An admission ticket is binding: it is the admission decision for that
+ * occurrence of the key as of its own batch. DYNEMB_NOT_ADMITTED means the
+ * key had no row when its batch was counted: the prepared read returns the
+ * default value and the prepared apply drops its gradient, even if a
+ * later batch, prepared since, has admitted the key. Any other ticket
+ * means admitted, and also records where the row was, so that the read
+ * and the apply reach it without probing the key index (about 1.6x the
+ * rate of an EVAL lookup on large tables: BENCHMARKS.md). Where the row
+ * has moved since (its lock shard evicted rows, moved rows to the SSD
+ * tier, or the table was cleared or imported into) the key is looked up
+ * instead: same result, slower. */
+typedef uint64_t dynemb_ticket;
+#define DYNEMB_NOT_ADMITTED UINT64_MAX
+
 /* Does to the table exactly what dynemb_lookup does for the same keys,
  * mode and `now` (TRAIN: counts candidates, inserts admitted keys, stamps
- * last access; EVAL: nothing), without copying values: admitted[i] is set to
- * 1 where that lookup would return the key's row and to 0 where it would
- * return the default value. Input pipelines use it to send a batch's keys to
- * the engine ahead of the step; the step then reads in EVAL mode.
- * Errors: as dynemb_lookup. */
+ * last access; EVAL: nothing), without copying values, and writes one
+ * ticket per key to tickets[n]: DYNEMB_NOT_ADMITTED where that lookup
+ * would have returned the default value. Errors: as dynemb_lookup. */
 DYNEMB_API int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n,
-                              int mode, int64_t now, uint8_t *admitted);
+                              int mode, int64_t now, dynemb_ticket *tickets);
 
-/* An EVAL-mode lookup in which keys with visible[i] == 0 read the default
- * value even if they have a row. A step whose keys were sent ahead with
- * dynemb_prepare passes prepare's `admitted` flags, so it reads exactly what
- * a TRAIN lookup at that point would have returned, although later batches
- * may have admitted more keys since. Errors: as dynemb_lookup. */
-DYNEMB_API int dynemb_lookup_visible(dynemb_table *t, const int64_t *keys,
-                                     size_t n, const uint8_t *visible,
-                                     float *out);
-
-/* Row hints: where a prepared key's row was when dynemb_prepare_hints ran,
- * so that a later read of the same batch (dynemb_lookup_hinted) copies the
- * rows without probing the key index: about 1.6x the rate of an EVAL
- * lookup on large tables (BENCHMARKS.md). A hint stays valid until the
- * key's lock shard evicts rows, or the table is cleared or imported into;
- * after that the read looks the key up instead (same result, slower).
- * DYNEMB_NO_HINT marks a key that had no row (not admitted). */
-#define DYNEMB_NO_HINT UINT64_MAX
-
-/* dynemb_prepare, writing a hint per key to hints[n] (DYNEMB_NO_HINT where
- * prepare's `admitted` would be 0). Errors: as dynemb_lookup. */
-DYNEMB_API int dynemb_prepare_hints(dynemb_table *t, const int64_t *keys,
-                                    size_t n, int mode, int64_t now,
-                                    uint64_t *hints);
-
-/* Reads the rows of a batch prepared with dynemb_prepare_hints: the same
- * result as dynemb_lookup_visible with visible[i] = (hints[i] !=
- * DYNEMB_NO_HINT), i.e. what a TRAIN lookup at prepare time would have
- * returned (rows updated since are read as they are now). Hints must come
- * from dynemb_prepare_hints on this table for these keys; others never
- * make it read outside the table's memory, but may read other rows.
- * Errors: EINVAL (NULL buffers), ENOMEM. */
-DYNEMB_API int dynemb_lookup_hinted(dynemb_table *t, const int64_t *keys,
-                                    const uint64_t *hints, size_t n,
-                                    float *out);
+/* Reads the rows of a prepared batch: what a TRAIN lookup at prepare time
+ * would have returned (rows updated since are read as they are now).
+ * Tickets must come from dynemb_prepare on this table for these keys;
+ * others never make it read outside the table's memory, but may read
+ * other rows. Errors: EINVAL (NULL buffers), ENOMEM. */
+DYNEMB_API int dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
+                                      const dynemb_ticket *tickets, size_t n,
+                                      float *out);
 
 /* Widens int32 keys to int64 (sign-extending), for callers with int32 ids. */
 DYNEMB_API void dynemb_widen_keys(const int32_t *in, size_t n, int64_t *out);
@@ -340,31 +337,31 @@ DYNEMB_API int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
 /* `now` value for dynemb_evict meaning "the table clock". */
 #define DYNEMB_NOW_TABLE_CLOCK (-1)
 
-/* As dynemb_apply, but only keys found in `allowed` (n_allowed keys, any
- * order, repeats allowed) are updated; the others are dropped and counted
- * as keys without a row. Input pipelines that admit keys ahead of the step
- * pass the keys admitted as of the step's own batch, so a row admitted by a
- * later batch does not train early. Errors: as dynemb_apply. */
+/* As dynemb_apply, but only the trainable keys (`trainable`, n_trainable
+ * keys, any order, repeats allowed) are updated; the others are dropped
+ * and counted as keys without a row. Input pipelines that admit keys
+ * ahead of the step pass the keys admitted as of the step's own batch, so
+ * a row admitted by a later batch does not train early. Errors: as
+ * dynemb_apply. */
 DYNEMB_API int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys,
                                      size_t n, const float *grads,
                                      float learning_rate,
-                                     const int64_t *allowed, size_t n_allowed,
+                                     const int64_t *trainable,
+                                     size_t n_trainable,
                                      dynemb_apply_stats *stats);
 
-/* Applies the gradients of a batch prepared with dynemb_prepare_hints,
- * `hints[i]` being the hint prepare wrote for keys[i] (the same keys, in the
- * same order, any number of lookups' batches concatenated). A key is
- * updated when any of its occurrences has a hint other than DYNEMB_NO_HINT
- * (it had a row once its batch was counted), i.e. dynemb_apply_filtered
- * with the batch's admitted keys as `allowed`; its row is found through
- * the hint, without probing the key index, unless the hint is stale
- * (eviction, clear or import since: the key is then looked up). Made-up
- * hints never make it write outside the table's memory, but may update
- * other rows. Errors: as dynemb_apply. */
-DYNEMB_API int dynemb_apply_hinted(dynemb_table *t, const int64_t *keys,
-                                   const uint64_t *hints, size_t n,
-                                   const float *grads, float learning_rate,
-                                   dynemb_apply_stats *stats);
+/* Applies the gradients of a prepared batch, tickets[i] being the ticket
+ * dynemb_prepare wrote for keys[i] (the same keys in the same order; any
+ * number of lookups' batches concatenated). A key trains when any of its
+ * occurrences was admitted (its ticket is not DYNEMB_NOT_ADMITTED), i.e.
+ * dynemb_apply_filtered with the batch's admitted keys as the trainable
+ * keys; its row is found at the ticket's place while that is current.
+ * Made-up tickets never make it write outside the table's memory, but may
+ * update other rows. Errors: as dynemb_apply. */
+DYNEMB_API int dynemb_apply_prepared(dynemb_table *t, const int64_t *keys,
+                                     const dynemb_ticket *tickets, size_t n,
+                                     const float *grads, float learning_rate,
+                                     dynemb_apply_stats *stats);
 
 /* Removes rows and admission candidates whose last access is more than
  * eviction_threshold before `now` (DYNEMB_NOW_TABLE_CLOCK: the table
@@ -382,7 +379,7 @@ DYNEMB_API void dynemb_table_clear(dynemb_table *t);
 
 typedef struct dynemb_table_stats {
   uint64_t size;          /* rows (admitted keys) now */
-  uint64_t capacity;      /* row slots allocated now (size + free) */
+  uint64_t capacity;      /* rows allocated now (size + free) */
   uint64_t candidates;    /* keys counted for admission, without a row */
   uint64_t bytes;         /* memory held by the table, all structures */
   uint64_t lookups;       /* keys looked up (train + eval) */

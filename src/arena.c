@@ -1,5 +1,5 @@
 /*
- * arena.c -- chunk allocation, slot hand-out and the free list of the row
+ * arena.c -- chunk allocation, row-number hand-out and the free list of the row
  * arena, and the huge-page slab pool the chunks are carved from (see
  * arena.h for the layout and why chunks never move).
  */
@@ -435,7 +435,7 @@ void dynemb_arena_init(dynemb_arena *a, size_t emb_floats,
   a->cstride = slot_floats ? 2 : 1;
   a->full_shift = full_shift_for(emb_floats + slot_floats);
   a->first_shift = a->full_shift > SMALL_STEPS ? a->full_shift - SMALL_STEPS : 0;
-  a->free_head = DYNEMB_ARENA_NO_SLOT;
+  a->free_head = DYNEMB_ARENA_NO_ROW;
 }
 
 static uint64_t chunk_rows(const dynemb_arena *a, uint32_t c) {
@@ -457,13 +457,13 @@ void dynemb_arena_free(dynemb_arena *a) {
 
 void dynemb_arena_clear_keep(dynemb_arena *a) {
   a->bumped = 0;
-  a->free_head = DYNEMB_ARENA_NO_SLOT;
+  a->free_head = DYNEMB_ARENA_NO_ROW;
   a->free_count = 0;
 }
 
 static int add_chunk(dynemb_arena *a) {
   uint64_t rows = chunk_rows(a, a->nchunks);
-  if (a->slots + rows > DYNEMB_ARENA_MAX_SLOTS) return DYNEMB_ECAPACITY;
+  if (a->capacity + rows > DYNEMB_ARENA_MAX_ROWS) return DYNEMB_ECAPACITY;
   if (a->nchunks == a->chunks_cap) {
     uint32_t nc = a->chunks_cap ? a->chunks_cap * 2 : 8;
     float **p = realloc(a->chunks, (size_t)nc * a->cstride * sizeof *p);
@@ -485,7 +485,7 @@ static int add_chunk(dynemb_arena *a) {
   a->chunks[(size_t)a->nchunks * a->cstride] = chunk;
   if (slots) a->chunks[(size_t)a->nchunks * 2 + 1] = slots;
   a->nchunks++;
-  a->slots += rows;
+  a->capacity += rows;
   return DYNEMB_OK;
 }
 
@@ -497,25 +497,25 @@ int dynemb_arena_reserve(dynemb_arena *a, uint64_t n) {
   return DYNEMB_OK;
 }
 
-int dynemb_arena_alloc(dynemb_arena *a, uint32_t *slot) {
-  if (a->free_head != DYNEMB_ARENA_NO_SLOT) {
+int dynemb_arena_alloc(dynemb_arena *a, uint32_t *row) {
+  if (a->free_head != DYNEMB_ARENA_NO_ROW) {
     uint32_t s = a->free_head;
     memcpy(&a->free_head, dynemb_arena_row(a, s), sizeof a->free_head);
     a->free_count--;
-    *slot = s;
+    *row = s;
     return DYNEMB_OK;
   }
-  if (a->bumped == a->slots) {
+  if (a->bumped == a->capacity) {
     int rc = add_chunk(a);
     if (rc) return rc;
   }
-  *slot = (uint32_t)a->bumped++;
+  *row = (uint32_t)a->bumped++;
   return DYNEMB_OK;
 }
 
-void dynemb_arena_release(dynemb_arena *a, uint32_t slot) {
-  memcpy(dynemb_arena_row(a, slot), &a->free_head, sizeof a->free_head);
-  a->free_head = slot;
+void dynemb_arena_release(dynemb_arena *a, uint32_t row) {
+  memcpy(dynemb_arena_row(a, row), &a->free_head, sizeof a->free_head);
+  a->free_head = row;
   a->free_count++;
 }
 

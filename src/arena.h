@@ -6,7 +6,7 @@
  * copies rows and a row's address is stable while it lives. Only the small
  * array of chunk pointers grows.
  *
- * A row has two parts kept in parallel chunks with the same slot numbers:
+ * A row has two parts kept in parallel chunks under the same row number:
  * the embedding (emb_floats) and the optimizer slots (slot_floats, may be
  * 0). Lookups copy only embeddings, so with the parts apart they read
  * dense 256-byte rows (at dim 64) out of embedding-only huge pages instead
@@ -18,7 +18,7 @@
  * Chunk sizes: the first chunks double in size (1/16, 1/16, 1/8, 1/4, 1/2
  * of a full chunk) so that small tables with many shards stay small, then
  * every chunk is full size (about 48 KiB of whole rows, a power of two of
- * rows, split into an embedding chunk and a slot chunk). A slot
+ * rows, split into an embedding chunk and a slot chunk). A row
  * number maps to (chunk, offset) with a shift or a count-leading-zeros.
  *
  * Chunk memory comes from the table's slab pools (one for embedding chunks,
@@ -28,10 +28,9 @@
  * pool owns the memory; a shard's arena only points into it. Slabs are
  * released all at once (table clear / destroy).
  *
- * Slots freed by eviction form an intrusive free list (the next free slot
- * is stored in the freed row's first embedding bytes), reused before new
- * slots.
- * Slots are limited to 30 bits (see the location encoding in index.h).
+ * Row numbers freed by eviction form an intrusive free list (the next free
+ * one is stored in the freed row's first embedding bytes), reused before
+ * new ones. Row numbers are limited to 30 bits (see the location encoding in index.h).
  * Not thread-safe: the shard lock protects an arena.
  */
 #ifndef DYNEMB_ARENA_H
@@ -43,7 +42,7 @@
 #include <pthread.h>
 #include <sys/types.h>
 
-#define DYNEMB_ARENA_MAX_SLOTS (UINT32_C(1) << 30)
+#define DYNEMB_ARENA_MAX_ROWS (UINT32_C(1) << 30)
 
 /* Bump allocator over huge-page slabs, shared by the shards of a table
  * (its own mutex; taken only when a shard needs a new chunk). Slabs grow
@@ -101,23 +100,23 @@ size_t dynemb_slab_pool_bytes(dynemb_slab_pool *p);
  * under a shard lock. It never writes the memory, so it is safe while
  * chunks are in use. */
 void dynemb_slab_pool_prefault(dynemb_slab_pool *p, size_t need);
-#define DYNEMB_ARENA_NO_SLOT UINT32_MAX
+#define DYNEMB_ARENA_NO_ROW UINT32_MAX
 
 typedef struct dynemb_arena {
   dynemb_slab_pool *pool;      /* embedding chunks (owns their memory) */
-  dynemb_slab_pool *slot_pool; /* slot chunks; unused if slot_floats == 0 */
+  dynemb_slab_pool *slot_pool; /* row chunks; unused if slot_floats == 0 */
   float **chunks;       /* [nchunks * cstride]: embedding chunk, then (if
-                           cstride == 2) the slot chunk of the same rows */
+                           cstride == 2) the row chunk of the same rows */
   uint32_t nchunks, chunks_cap; /* chunks_cap counts chunks, not pointers */
   uint32_t full_shift;  /* a full chunk has 1 << full_shift rows */
   uint32_t first_shift; /* the first chunk has 1 << first_shift rows */
   uint32_t cstride;     /* pointers per chunk: 1 (no slots) or 2 */
   size_t emb_floats;    /* embedding floats per row */
-  size_t slot_floats;   /* optimizer slot floats per row (0: none) */
-  uint64_t slots;       /* slots in allocated chunks (capacity) */
-  uint64_t bumped;      /* slots ever handed out from the chunks, in order */
-  uint32_t free_head;   /* first free-listed slot or DYNEMB_ARENA_NO_SLOT */
-  uint64_t free_count;  /* free-listed slots */
+  size_t slot_floats;   /* optimizer row floats per row (0: none) */
+  uint64_t capacity;    /* row numbers in allocated chunks */
+  uint64_t bumped;      /* row numbers ever handed out, in order */
+  uint32_t free_head;   /* first free-listed row or DYNEMB_ARENA_NO_ROW */
+  uint64_t free_count;  /* free-listed rows */
 } dynemb_arena;
 
 void dynemb_arena_init(dynemb_arena *a, size_t emb_floats,
@@ -128,58 +127,59 @@ void dynemb_arena_init(dynemb_arena *a, size_t emb_floats,
 size_t dynemb_arena_max_chunk_bytes(size_t row_floats, size_t part_floats);
 /* Forgets every row and chunk (the memory stays with the pool). */
 void dynemb_arena_free(dynemb_arena *a);
-/* Forgets every row, keeping the chunks (the slots become reusable). */
+/* Forgets every row, keeping the chunks (their row numbers become
+ * reusable). */
 void dynemb_arena_clear_keep(dynemb_arena *a);
 
-/* Chunk index and row offset of `slot`. */
-static inline void dynemb_arena_locate(const dynemb_arena *a, uint32_t slot,
+/* Chunk index and row offset of row `row`. */
+static inline void dynemb_arena_locate(const dynemb_arena *a, uint32_t row,
                                        uint32_t *chunk, uint32_t *offset) {
   uint32_t full = UINT32_C(1) << a->full_shift;
   uint32_t c, off;
-  if (slot >= full) {
-    c = (a->full_shift - a->first_shift) + (slot >> a->full_shift);
-    off = slot & (full - 1);
-  } else if (slot < (UINT32_C(1) << a->first_shift)) {
+  if (row >= full) {
+    c = (a->full_shift - a->first_shift) + (row >> a->full_shift);
+    off = row & (full - 1);
+  } else if (row < (UINT32_C(1) << a->first_shift)) {
     c = 0;
-    off = slot;
+    off = row;
   } else {
-    uint32_t lg = 31u - (uint32_t)__builtin_clz(slot);
+    uint32_t lg = 31u - (uint32_t)__builtin_clz(row);
     c = lg - a->first_shift + 1;
-    off = slot - (UINT32_C(1) << lg);
+    off = row - (UINT32_C(1) << lg);
   }
   *chunk = c;
   *offset = off;
 }
 
-/* The embedding of `slot`. */
-static inline float *dynemb_arena_row(const dynemb_arena *a, uint32_t slot) {
+/* The embedding of row `row`. */
+static inline float *dynemb_arena_row(const dynemb_arena *a, uint32_t row) {
   uint32_t c, off;
-  dynemb_arena_locate(a, slot, &c, &off);
+  dynemb_arena_locate(a, row, &c, &off);
   return a->chunks[(size_t)c * a->cstride] + (size_t)off * a->emb_floats;
 }
 
-/* The optimizer slots of `slot` (only if slot_floats > 0). */
-static inline float *dynemb_arena_slots(const dynemb_arena *a, uint32_t slot) {
+/* The optimizer slots of row `row` (only if slot_floats > 0). */
+static inline float *dynemb_arena_slots(const dynemb_arena *a, uint32_t row) {
   uint32_t c, off;
-  dynemb_arena_locate(a, slot, &c, &off);
+  dynemb_arena_locate(a, row, &c, &off);
   return a->chunks[(size_t)c * 2 + 1] + (size_t)off * a->slot_floats;
 }
 
-/* Free slots (free list plus untouched slots of allocated chunks). */
+/* Free row numbers (free list plus untouched ones of allocated chunks). */
 static inline uint64_t dynemb_arena_available(const dynemb_arena *a) {
-  return a->free_count + (a->slots - a->bumped);
+  return a->free_count + (a->capacity - a->bumped);
 }
 
-/* Makes sure `n` more slots can be taken without allocating. Returns
- * DYNEMB_OK, DYNEMB_ENOMEM, or DYNEMB_ECAPACITY (past 2^30 slots). */
+/* Makes sure `n` more rows can be taken without allocating. Returns
+ * DYNEMB_OK, DYNEMB_ENOMEM, or DYNEMB_ECAPACITY (past 2^30 rows). */
 int dynemb_arena_reserve(dynemb_arena *a, uint64_t n);
 
-/* Takes a slot (a free-listed one first). Returns DYNEMB_OK,
+/* Takes a row number (a free-listed one first). Returns DYNEMB_OK,
  * DYNEMB_ENOMEM or DYNEMB_ECAPACITY; the row content is undefined. */
-int dynemb_arena_alloc(dynemb_arena *a, uint32_t *slot);
+int dynemb_arena_alloc(dynemb_arena *a, uint32_t *row);
 
-/* Returns a slot to the free list. */
-void dynemb_arena_release(dynemb_arena *a, uint32_t slot);
+/* Returns a row number to the free list. */
+void dynemb_arena_release(dynemb_arena *a, uint32_t row);
 
 /* Bytes of memory held by the arena itself: the chunk-pointer array
  * (chunk memory is counted by the pool). */

@@ -171,7 +171,7 @@ int dynemb_ckpt_snapshot_check(const dynemb_snapshot *snap, const char *name,
                             "%s: table '%s' has an invalid row layout (dim "
                             "%d, row_floats %d, optimizer %s needs dim * %d)",
                             what, name, snap->dim, snap->row_floats,
-                            dynemb_optim_name(snap->optimizer_kind),
+                            dynemb_optimizer_name(snap->optimizer_kind),
                             1 + slots);
   if (snap->rows &&
       (!snap->keys || (need_values && !snap->values) || !snap->last_access))

@@ -23,7 +23,7 @@ static dynemb_index_entry empty_entry = {0, DYNEMB_LOC_EMPTY, 0};
 
 void dynemb_index_init(dynemb_index *ix, double stagger) {
   memset(ix, 0, sizeof *ix);
-  ix->slots = &empty_entry;
+  ix->entries = &empty_entry;
   ix->cap = 1;
   ix->limit = 0;
   ix->cap_f = 0;
@@ -33,8 +33,8 @@ void dynemb_index_init(dynemb_index *ix, double stagger) {
 }
 
 void dynemb_index_free(dynemb_index *ix) {
-  if (ix->cap_f > 0) free(ix->slots);
-  ix->slots = &empty_entry;
+  if (ix->cap_f > 0) free(ix->entries);
+  ix->entries = &empty_entry;
   ix->cap = 1;
   ix->count = 0;
   ix->limit = 0;
@@ -44,7 +44,7 @@ void dynemb_index_free(dynemb_index *ix) {
 void dynemb_index_reset(dynemb_index *ix) { dynemb_index_free(ix); }
 
 void dynemb_index_clear_keep(dynemb_index *ix) {
-  if (ix->cap_f > 0) memset(ix->slots, 0xff, ix->cap * sizeof *ix->slots);
+  if (ix->cap_f > 0) memset(ix->entries, 0xff, ix->cap * sizeof *ix->entries);
   ix->count = 0;
 }
 
@@ -71,14 +71,14 @@ static dynemb_index_entry *empty_entries(uint64_t cap) {
 int dynemb_index_spare_make(double cap_f, dynemb_index_spare *sp) {
   sp->cap_f = cap_f;
   sp->retired = NULL;
-  sp->slots = cap_f > 0 ? empty_entries((uint64_t)cap_f) : NULL;
-  return sp->slots || cap_f <= 0 ? DYNEMB_OK : DYNEMB_ENOMEM;
+  sp->entries = cap_f > 0 ? empty_entries((uint64_t)cap_f) : NULL;
+  return sp->entries || cap_f <= 0 ? DYNEMB_OK : DYNEMB_ENOMEM;
 }
 
 void dynemb_index_spare_free(dynemb_index_spare *sp) {
-  free(sp->slots);
+  free(sp->entries);
   free(sp->retired);
-  sp->slots = NULL;
+  sp->entries = NULL;
   sp->retired = NULL;
 }
 
@@ -99,18 +99,18 @@ int dynemb_index_reserve_spare(dynemb_index *ix, uint64_t count,
   if (cf < 0) return DYNEMB_ENOMEM;
   uint64_t cap = (uint64_t)cf;
   dynemb_index_entry *s;
-  if (sp && sp->slots && on_ladder(cf, sp->cap_f)) { /* made ahead, empty */
+  if (sp && sp->entries && on_ladder(cf, sp->cap_f)) { /* made ahead, empty */
     cf = sp->cap_f;
     cap = (uint64_t)cf;
-    s = sp->slots;
-    sp->slots = NULL;
+    s = sp->entries;
+    sp->entries = NULL;
   } else if (!(s = empty_entries(cap))) {
     return DYNEMB_ENOMEM;
   }
   if (ix->cap_f > 0) {
     const int direct = ix->hash == dynemb_hash_key;
     for (uint64_t i = 0; i < ix->cap; i++) {
-      const dynemb_index_entry *e = ix->slots + i;
+      const dynemb_index_entry *e = ix->entries + i;
       if (e->loc == DYNEMB_LOC_EMPTY) continue;
       uint64_t h = direct ? dynemb_hash_key(e->key) : ix->hash(e->key);
       uint64_t j = ((uint64_t)(uint32_t)h * cap) >> 32;
@@ -120,12 +120,12 @@ int dynemb_index_reserve_spare(dynemb_index *ix, uint64_t count,
     }
     if (sp) { /* freed by the caller, after its lock */
       free(sp->retired); /* (a second growth in one locked section) */
-      sp->retired = ix->slots;
+      sp->retired = ix->entries;
     } else {
-      free(ix->slots);
+      free(ix->entries);
     }
   }
-  ix->slots = s;
+  ix->entries = s;
   ix->cap = cap;
   ix->cap_f = cf;
   ix->limit = limit_of(cap);
@@ -140,9 +140,9 @@ dynemb_index_entry *dynemb_index_insert(dynemb_index *ix, int64_t key,
                                         uint64_t h, uint32_t loc,
                                         uint32_t last_access) {
   uint64_t i = dynemb_index_home(ix, h);
-  while (ix->slots[i].loc != DYNEMB_LOC_EMPTY)
+  while (ix->entries[i].loc != DYNEMB_LOC_EMPTY)
     if (++i == ix->cap) i = 0;
-  dynemb_index_entry *e = ix->slots + i;
+  dynemb_index_entry *e = ix->entries + i;
   e->key = key;
   e->loc = loc;
   e->last_access = last_access;
@@ -155,7 +155,7 @@ void dynemb_index_erase_at(dynemb_index *ix, uint64_t pos) {
   uint64_t hole = pos, j = pos;
   for (;;) {
     if (++j == cap) j = 0;
-    dynemb_index_entry *e = ix->slots + j;
+    dynemb_index_entry *e = ix->entries + j;
     if (e->loc == DYNEMB_LOC_EMPTY) break;
     uint64_t h = ix->hash == dynemb_hash_key ? dynemb_hash_key(e->key)
                                               : ix->hash(e->key);
@@ -165,11 +165,11 @@ void dynemb_index_erase_at(dynemb_index *ix, uint64_t pos) {
     uint64_t d_home = j >= home ? j - home : j + cap - home;
     uint64_t d_hole = j >= hole ? j - hole : j + cap - hole;
     if (d_home >= d_hole) {
-      ix->slots[hole] = *e;
+      ix->entries[hole] = *e;
       hole = j;
     }
   }
-  ix->slots[hole].loc = DYNEMB_LOC_EMPTY;
+  ix->entries[hole].loc = DYNEMB_LOC_EMPTY;
   ix->count--;
 }
 

@@ -9,10 +9,11 @@
  * Location (`loc`) encoding:
  *   bits 31..30  storage tier: 0 = host DRAM arena (the only tier in this
  *                version; 1 = SSD, 2 = device are reserved for later),
- *   bits 29..0   row slot inside the shard's arena of that tier.
+ *   bits 29..0   the row's number: in the shard's arena (host), or its
+ *                record in the SSD tier's file.
  * loc == DYNEMB_LOC_EMPTY (all ones) marks an empty entry: every int64 key
  * value (0, -1, INT64_MIN, INT64_MAX ...) is a valid key, so emptiness can
- * not be encoded in the key. Slot 2^30-1 of tier 3 is therefore never used.
+ * not be encoded in the key. Number 2^30-1 of tier 3 is therefore never used.
  * The candidate index stores the occurrence count in `loc` instead
  * (saturating at DYNEMB_LOC_EMPTY - 1).
  *
@@ -40,13 +41,13 @@
 
 #define DYNEMB_LOC_EMPTY UINT32_MAX
 #define DYNEMB_LOC_TIER_SHIFT 30
-#define DYNEMB_LOC_SLOT_MASK ((UINT32_C(1) << DYNEMB_LOC_TIER_SHIFT) - 1)
+#define DYNEMB_LOC_NUM_MASK ((UINT32_C(1) << DYNEMB_LOC_TIER_SHIFT) - 1)
 #define DYNEMB_TIER_HOST 0u
 #define DYNEMB_TIER_SSD 1u
-#define DYNEMB_LOC(tier, slot) \
-  (((uint32_t)(tier) << DYNEMB_LOC_TIER_SHIFT) | (uint32_t)(slot))
+#define DYNEMB_LOC(tier, num) \
+  (((uint32_t)(tier) << DYNEMB_LOC_TIER_SHIFT) | (uint32_t)(num))
 #define DYNEMB_LOC_TIER(loc) ((uint32_t)(loc) >> DYNEMB_LOC_TIER_SHIFT)
-#define DYNEMB_LOC_SLOT(loc) ((uint32_t)(loc) & DYNEMB_LOC_SLOT_MASK)
+#define DYNEMB_LOC_NUM(loc) ((uint32_t)(loc) & DYNEMB_LOC_NUM_MASK)
 
 /* Grow when count would exceed cap * MAX_LOAD; new cap = cap * GROWTH. */
 #define DYNEMB_INDEX_MAX_LOAD 0.85
@@ -59,8 +60,8 @@ typedef struct dynemb_index_entry {
 } dynemb_index_entry;
 
 typedef struct dynemb_index {
-  dynemb_index_entry *slots; /* [cap]; a shared empty entry while cap_f==0 */
-  uint64_t cap;              /* entries in slots */
+  dynemb_index_entry *entries; /* [cap]; a shared empty entry while cap_f==0 */
+  uint64_t cap;                /* entries */
   uint64_t count;            /* non-empty entries */
   uint64_t limit;            /* grow before count exceeds this */
   double cap_f;              /* exact (unrounded) capacity, 0 = unallocated */
@@ -84,7 +85,7 @@ static inline uint64_t dynemb_index_home(const dynemb_index *ix, uint64_t h) {
 }
 
 static inline void dynemb_index_prefetch(const dynemb_index *ix, uint64_t h) {
-  const dynemb_index_entry *e = ix->slots + dynemb_index_home(ix, h);
+  const dynemb_index_entry *e = ix->entries + dynemb_index_home(ix, h);
   /* into L2 (see prefetch_lines in table.c), and always the next line
    * too: probe chains run ~2-4 entries. Measured (4M x 64, 2 threads):
    * prefetching the second line only when the home entry is in the second
@@ -98,7 +99,7 @@ static inline dynemb_index_entry *dynemb_index_find(const dynemb_index *ix,
                                                     int64_t key, uint64_t h) {
   uint64_t i = dynemb_index_home(ix, h);
   for (;;) {
-    dynemb_index_entry *e = ix->slots + i;
+    dynemb_index_entry *e = ix->entries + i;
     if (e->loc == DYNEMB_LOC_EMPTY) return NULL;
     if (e->key == key) return e;
     if (++i == ix->cap) i = 0;
@@ -119,7 +120,7 @@ int dynemb_index_reserve(dynemb_index *ix, uint64_t count);
  * any page-fault work in flight in other threads (a huge-page populate of
  * a few to ~15 ms on a VM backing fresh memory). */
 typedef struct dynemb_index_spare {
-  dynemb_index_entry *slots;   /* empty entries, or NULL */
+  dynemb_index_entry *entries; /* empty entries, or NULL */
   double cap_f;                /* the exact capacity they were made for */
   dynemb_index_entry *retired; /* the replaced array (free it), or NULL */
 } dynemb_index_spare;
@@ -133,7 +134,7 @@ int dynemb_index_spare_make(double cap_f, dynemb_index_spare *sp);
 void dynemb_index_spare_free(dynemb_index_spare *sp);
 /* dynemb_index_reserve, taking the array from `sp` (may be NULL) when it
  * was made for the capacity needed now or a later step of its growth (then
- * sp->slots becomes NULL and the index takes that capacity); with `sp`,
+ * sp->entries becomes NULL and the index takes that capacity); with `sp`,
  * the replaced array goes to sp->retired (dynemb_index_spare_free frees
  * both). */
 int dynemb_index_reserve_spare(dynemb_index *ix, uint64_t count,
@@ -145,7 +146,7 @@ dynemb_index_entry *dynemb_index_insert(dynemb_index *ix, int64_t key,
                                         uint64_t h, uint32_t loc,
                                         uint32_t last_access);
 
-/* Removes the entry at position `pos` (entry pointer minus ix->slots) by
+/* Removes the entry at position `pos` (entry pointer minus ix->entries) by
  * backward shift: later entries of the same probe chain move back, so the
  * entry at `pos` afterwards may be a different (not yet visited) key. */
 void dynemb_index_erase_at(dynemb_index *ix, uint64_t pos);

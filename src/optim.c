@@ -28,7 +28,7 @@ int dynemb_optim_slot_count(int kind) {
   }
 }
 
-const char *dynemb_optim_name(int kind) {
+const char *dynemb_optimizer_name(int kind) {
   switch (kind) {
   case DYNEMB_OPT_SGD: return "sgd";
   case DYNEMB_OPT_ADAGRAD: return "adagrad";

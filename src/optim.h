@@ -44,9 +44,6 @@
  * unknown kind. SGD 0, ADAGRAD 1, ADAM 2 (m, v), FTRL 2 (accum, linear). */
 int dynemb_optim_slot_count(int kind);
 
-/* Human name ("sgd", "adagrad", "adam", "ftrl"), or "unknown". */
-const char *dynemb_optim_name(int kind);
-
 /* Checks hyper-parameters; on error calls dynemb_error_set naming table
  * `table_name` and the field, and returns the code. */
 int dynemb_optim_validate(const dynemb_optimizer *o, const char *table_name);

@@ -25,7 +25,7 @@ static size_t reg_search(const char *name, int *found) {
   size_t lo = 0, hi = reg_n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    int c = strcmp(reg[mid]->name, name);
+    int c = strcmp(dynemb_table_name(reg[mid]), name);
     if (c == 0) {
       *found = 1;
       return mid;
@@ -50,7 +50,7 @@ static void list_names(char *buf, size_t cap) {
   }
   for (size_t i = 0; i < reg_n; i++) {
     int w = snprintf(buf + used, cap - used, "%s'%s'", i ? ", " : "",
-                     reg[i]->name);
+                     dynemb_table_name(reg[i]));
     if (w < 0 || (size_t)w >= cap - used) { /* full: end with ", ..." */
       size_t at = used < cap - 6 ? used : cap - 6;
       memcpy(buf + at, ", ...", 6);
@@ -80,13 +80,13 @@ int dynemb_table_create(const dynemb_table_config *cfg, dynemb_table **out) {
   if (rc) return rc;
   pthread_mutex_lock(&reg_mu);
   int found;
-  size_t at = reg_search(t->name, &found);
+  size_t at = reg_search(dynemb_table_name(t), &found);
   if (found) {
     pthread_mutex_unlock(&reg_mu);
     rc = dynemb_error_set(DYNEMB_EEXIST,
                           "table '%s' already exists; drop it first "
                           "(dynemb_table_drop) or pick another name",
-                          t->name);
+                          dynemb_table_name(t));
     dynemb_table_destroy(t);
     return rc;
   }
@@ -97,7 +97,7 @@ int dynemb_table_create(const dynemb_table_config *cfg, dynemb_table **out) {
       pthread_mutex_unlock(&reg_mu);
       rc = dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory registering it",
-                            t->name);
+                            dynemb_table_name(t));
       dynemb_table_destroy(t);
       return rc;
     }
@@ -107,8 +107,8 @@ int dynemb_table_create(const dynemb_table_config *cfg, dynemb_table **out) {
   memmove(reg + at + 1, reg + at, (reg_n - at) * sizeof *reg);
   reg[at] = t;
   reg_n++;
-  t->registered = 1;
-  t->refs = 2; /* the registry's and the caller's (no other thread sees t yet) */
+  dynemb_table_link_of(t)->registered = 1;
+  dynemb_table_link_of(t)->refs = 2; /* the registry's and the caller's (no other thread sees t yet) */
   pthread_mutex_unlock(&reg_mu);
   *out = t;
   return DYNEMB_OK;
@@ -136,19 +136,19 @@ int dynemb_table_find(const char *name, dynemb_table **out) {
     return rc;
   }
   dynemb_table *t = reg[at];
-  __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&dynemb_table_link_of(t)->refs, 1, __ATOMIC_RELAXED);
   pthread_mutex_unlock(&reg_mu);
   *out = t;
   return DYNEMB_OK;
 }
 
 void dynemb_table_retain(dynemb_table *t) {
-  if (t) __atomic_fetch_add(&t->refs, 1, __ATOMIC_RELAXED);
+  if (t) __atomic_fetch_add(&dynemb_table_link_of(t)->refs, 1, __ATOMIC_RELAXED);
 }
 
 void dynemb_table_release(dynemb_table *t) {
   if (!t) return;
-  if (__atomic_sub_fetch(&t->refs, 1, __ATOMIC_ACQ_REL) == 0)
+  if (__atomic_sub_fetch(&dynemb_table_link_of(t)->refs, 1, __ATOMIC_ACQ_REL) == 0)
     dynemb_table_destroy(t);
 }
 
@@ -164,7 +164,7 @@ int dynemb_table_drop(const char *name) {
   dynemb_table *t = reg[at];
   memmove(reg + at, reg + at + 1, (reg_n - at - 1) * sizeof *reg);
   reg_n--;
-  t->registered = 0;
+  dynemb_table_link_of(t)->registered = 0;
   pthread_mutex_unlock(&reg_mu);
   dynemb_table_release(t);
   return DYNEMB_OK;
@@ -174,7 +174,7 @@ void dynemb_registry_clear(void) {
   pthread_mutex_lock(&reg_mu);
   dynemb_table **old = reg;
   size_t n = reg_n;
-  for (size_t i = 0; i < n; i++) old[i]->registered = 0;
+  for (size_t i = 0; i < n; i++) dynemb_table_link_of(old[i])->registered = 0;
   reg = NULL;
   reg_n = reg_cap = 0;
   pthread_mutex_unlock(&reg_mu);
@@ -191,7 +191,7 @@ size_t dynemb_registry_names(char ***names) {
   size_t k = 0;
   if (out)
     for (; k < n; k++)
-      if (!(out[k] = strdup(reg[k]->name))) break;
+      if (!(out[k] = strdup(dynemb_table_name(reg[k])))) break;
   pthread_mutex_unlock(&reg_mu);
   if (n && (!out || k < n)) { /* out of memory: report no names */
     dynemb_free_names(out, k);

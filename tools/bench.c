@@ -48,6 +48,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -64,8 +65,6 @@
 
 #include "cmds.h"
 #include "dynemb.h"
-#include "optim.h" /* the engine's per-row Adam, for the Adam limit */
-#include "table.h" /* --ssd-cold: the tier's mappings, to page them out */
 
 /* ------------------------------------------------------------------------ */
 /* Options                                                                   */
@@ -293,7 +292,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
                          "not '%s'",
                          v);
     } else if (!strcmp(a, "--optimizer")) {
-      if (pick(v, DYNEMB_OPT_SGD, DYNEMB_OPT_FTRL, dynemb_optim_name,
+      if (pick(v, DYNEMB_OPT_SGD, DYNEMB_OPT_FTRL, dynemb_optimizer_name,
                &o->opt_kind))
         return bench_bad("--optimizer must be sgd, adagrad, adam or ftrl, "
                          "not '%s'",
@@ -523,9 +522,9 @@ typedef enum phase_kind {
   PH_GATHER_PREFETCH,
   PH_LOOKUP_TRAIN,
   PH_LOOKUP_EVAL,
-  PH_LOOKUP_HINTED,
+  PH_LOOKUP_PREPARED,
   PH_APPLY,
-  PH_APPLY_HINTED,
+  PH_APPLY_PREPARED,
   PH_ADAM_LIMIT,
   PH_SSD_LIMIT,
   PH_SSD_PREAD
@@ -540,7 +539,7 @@ typedef struct worker {
   /* pools: pool_batches * batch keys and positions, same ranks */
   int64_t *keys;
   uint32_t *pos;
-  uint64_t *hints;     /* row hints of the pool's keys (dynemb_prepare_hints) */
+  dynemb_ticket *tickets;     /* row tickets of the pool's keys (dynemb_prepare) */
   float *out;          /* batch * dim */
   float *grads;        /* batch * dim */
   uint64_t adam_steps; /* adam limit: batches applied (bias correction) */
@@ -604,6 +603,29 @@ static inline void prefetch_lines_l2(const void *p, size_t bytes) {
     __builtin_prefetch((const void *)a, 0, 2);
 }
 
+/* TensorFlow's ApplyAdam on one row (m, v = slots, slots + d), written out
+ * as the engine's lazy Adam computes it (the same arithmetic, built for
+ * the same vector widths), so that the limit differs from the engine's
+ * apply only in memory layout, index, dedupe and locks. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    defined(__has_attribute) && !defined(__SANITIZE_THREAD__)
+#if __has_attribute(target_clones)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+static void adam_row(float *restrict var, float *restrict m,
+                     float *restrict v, const float *restrict g, size_t d,
+                     float alpha, float omb1, float omb2, float eps) {
+  for (size_t i = 0; i < d; i++) {
+    float gi = g[i];
+    float mi = m[i] + (gi - m[i]) * omb1;
+    float vi = v[i] + (gi * gi - v[i]) * omb2;
+    m[i] = mi;
+    v[i] = vi;
+    var[i] -= (mi * alpha) / (sqrtf(vi) + eps);
+  }
+}
+
 /* The Adam limit for one batch: a dense Adam update in place of the rows at
  * `pos` of `flat` (rows * dim) and `slots` (rows * 2 * dim, m then v), with
  * gradient row i for position i, prefetching the row and slot lines of the
@@ -615,12 +637,11 @@ static void adam_limit_batch(const bench *b, uint64_t step, const uint32_t *pos,
                              size_t n, const float *grads) {
   size_t d = (size_t)b->o.dim, row_bytes = sizeof(float) * d;
   float *flat = b->flat, *slots = b->slots;
-  /* the engine's own per-row Adam (same arithmetic, same vector code), so
-   * that the limit differs from the engine's apply only in memory layout,
-   * index, dedupe and locks */
-  dynemb_optim_step s;
-  dynemb_optim_prepare(&b->adam_opt, b->adam_opt.learning_rate,
-                       step ? step : 1, &s);
+  const dynemb_optimizer *o = &b->adam_opt;
+  const double t = (double)(step ? step : 1);
+  const float b1p = (float)pow((double)o->beta1, t);
+  const float b2p = (float)pow((double)o->beta2, t);
+  const float alpha = o->learning_rate * sqrtf(1.0f - b2p) / (1.0f - b1p);
   for (size_t i = 0; i < n; i++) {
     if (i + ADAM_AHEAD < n) {
       size_t q = (size_t)pos[i + ADAM_AHEAD];
@@ -628,8 +649,9 @@ static void adam_limit_batch(const bench *b, uint64_t step, const uint32_t *pos,
       prefetch_lines_l2(slots + q * 2 * d, 2 * row_bytes);
     }
     size_t p = (size_t)pos[i];
-    dynemb_optim_apply_row(&s, flat + p * d, slots + p * 2 * d, grads + i * d,
-                           b->o.dim);
+    adam_row(flat + p * d, slots + p * 2 * d, slots + p * 2 * d + d,
+             grads + i * d, d, alpha, 1.0f - o->beta1, 1.0f - o->beta2,
+             o->epsilon);
   }
 }
 
@@ -667,14 +689,14 @@ static int run_batch(worker *w, size_t bi, uint64_t *unique) {
     return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_TRAIN, 1, w->out);
   case PH_LOOKUP_EVAL:
     return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_EVAL, 1, w->out);
-  case PH_LOOKUP_HINTED:
-    return dynemb_lookup_hinted(w->table, keys, w->hints + bi * B, B, w->out);
+  case PH_LOOKUP_PREPARED:
+    return dynemb_lookup_prepared(w->table, keys, w->tickets + bi * B, B, w->out);
   case PH_APPLY:
-  case PH_APPLY_HINTED: {
+  case PH_APPLY_PREPARED: {
     dynemb_apply_stats st;
     int rc = w->phase == PH_APPLY
                  ? dynemb_apply(w->table, keys, B, w->grads, BENCH_LR, &st)
-                 : dynemb_apply_hinted(w->table, keys, w->hints + bi * B, B,
+                 : dynemb_apply_prepared(w->table, keys, w->tickets + bi * B, B,
                                        w->grads, BENCH_LR, &st);
     *unique += st.unique_keys;
     return rc;
@@ -998,19 +1020,40 @@ static void make_limit_file(bench *b) {
 
 /* --ssd-cold: writes the tier's file back and drops its pages from memory
  * (and the limit file's), so that the next reads fault them in from the
- * disk. MADV_PAGEOUT (Linux 5.4) reclaims mapped pages; the limit file's
- * cached pages that were never mapped go with POSIX_FADV_DONTNEED. */
+ * disk. The tier's file is unnamed (ssd.h) but mapped from the --ssd-dir
+ * directory: its mappings are the lines of /proc/self/maps whose path is
+ * in that directory. MADV_PAGEOUT (Linux 5.4) reclaims mapped pages; the
+ * limit file's cached pages that were never mapped go with
+ * POSIX_FADV_DONTNEED. */
 static void page_out(bench *b) {
-  const dynemb_ssd *s = &b->table->ssd;
-  for (uint64_t i = 0; i < s->nsegs; i++) {
-    if (!s->segs[i]) continue;
-    (void)msync(s->segs[i], s->seg_bytes, MS_SYNC);
-    if (madvise(s->segs[i], s->seg_bytes, MADV_PAGEOUT) != 0) {
+  char dir[PATH_MAX];
+  if (!realpath(b->o.ssd_dir, dir)) {
+    fprintf(stderr, "dynemb bench: --ssd-cold: %s: %s\n", b->o.ssd_dir,
+            strerror(errno));
+    exit(1);
+  }
+  const size_t dl = strlen(dir);
+  FILE *maps = fopen("/proc/self/maps", "r");
+  if (!maps) {
+    fprintf(stderr, "dynemb bench: --ssd-cold needs /proc/self/maps (%s)\n",
+            strerror(errno));
+    exit(1);
+  }
+  char line[PATH_MAX + 256];
+  while (fgets(line, sizeof line, maps)) {
+    unsigned long lo = 0, hi = 0;
+    const char *path = strchr(line, '/');
+    if (!path || sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
+    if (strncmp(path, dir, dl) != 0 || path[dl] != '/') continue;
+    void *at = (void *)(uintptr_t)lo;
+    (void)msync(at, hi - lo, MS_SYNC);
+    if (at != b->limit_map && madvise(at, hi - lo, MADV_PAGEOUT) != 0) {
       fprintf(stderr, "dynemb bench: --ssd-cold: MADV_PAGEOUT failed (%s); "
               "it needs Linux 5.4 or later\n", strerror(errno));
       exit(1);
     }
   }
+  fclose(maps);
   (void)madvise((void *)(uintptr_t)b->limit_map, b->limit_bytes, MADV_PAGEOUT);
   (void)posix_fadvise(b->limit_fd, 0, 0, POSIX_FADV_DONTNEED);
 }
@@ -1090,7 +1133,7 @@ static double loadavg_1m(void) {
 
 typedef struct results {
   phase_result touch, stall, insert, gplain, gpref, lookup, lookup_eval,
-      hinted, apply, apply_hinted, adam_limit, ssd_limit, ssd_pread, cold_limit,
+      prepared, apply, apply_prepared, adam_limit, ssd_limit, ssd_pread, cold_limit,
       cold_eval, cold_train;
   int have_adam_limit; /* adam only */
   double gather_limit;
@@ -1114,19 +1157,19 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"rows\": %" PRIu64 ",\n  \"dim\": %d,\n  \"batch\": %zu,\n",
          o->rows, o->dim, o->batch);
   printf("  \"dist\": \"%s\",\n  \"threads\": %d,\n  \"optimizer\": \"%s\",\n",
-         o->dist, o->threads, dynemb_optim_name(o->opt_kind));
+         o->dist, o->threads, dynemb_optimizer_name(o->opt_kind));
   printf("  \"init\": \"%s\",\n", init_name(o->init_kind));
   printf("  \"row_floats\": %d,\n  \"seed\": %" PRIu64 ",\n"
          "  \"min_time_s\": %g,\n",
          r->row_floats, o->seed, o->min_time);
   printf("  \"lookup_keys_per_s\": %.0f,\n", r->lookup.per_s);
   printf("  \"lookup_eval_keys_per_s\": %.0f,\n", r->lookup_eval.per_s);
-  printf("  \"lookup_hinted_keys_per_s\": %.0f,\n", r->hinted.per_s);
+  printf("  \"lookup_hinted_keys_per_s\": %.0f,\n", r->prepared.per_s);
   printf("  \"insert_keys_per_s\": %.0f,\n", r->insert.per_s);
   printf("  \"apply_keys_per_s\": %.0f,\n", r->apply.per_s);
-  printf("  \"apply_%s_keys_per_s\": %.0f,\n", dynemb_optim_name(o->opt_kind),
+  printf("  \"apply_%s_keys_per_s\": %.0f,\n", dynemb_optimizer_name(o->opt_kind),
          r->apply.per_s);
-  printf("  \"apply_hinted_keys_per_s\": %.0f,\n", r->apply_hinted.per_s);
+  printf("  \"apply_hinted_keys_per_s\": %.0f,\n", r->apply_prepared.per_s);
   printf("  \"apply_unique_keys_per_batch\": %.1f,\n",
          r->apply.calls ? (double)r->apply.unique_sum / (double)r->apply.calls
                         : 0.0);
@@ -1136,14 +1179,14 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"gather_hugepages\": %s,\n", o->hugepages ? "true" : "false");
   printf("  \"lookup_vs_gather\": %.3f,\n", r->lookup_vs_gather);
   printf("  \"lookup_hinted_vs_gather\": %.3f,\n",
-         r->gather_limit > 0 ? r->hinted.per_s / r->gather_limit : 0.0);
+         r->gather_limit > 0 ? r->prepared.per_s / r->gather_limit : 0.0);
   printf("  \"apply_vs_gather\": %.3f,\n", r->apply_vs_gather);
   if (r->have_adam_limit)
     printf("  \"adam_limit_rows_per_s\": %.0f,\n"
            "  \"apply_vs_adam_limit\": %.3f,\n"
            "  \"apply_hinted_vs_adam_limit\": %.3f,\n",
            r->adam_limit.per_s, r->apply_vs_adam_limit,
-           r->adam_limit.per_s > 0 ? r->apply_hinted.per_s / r->adam_limit.per_s
+           r->adam_limit.per_s > 0 ? r->apply_prepared.per_s / r->adam_limit.per_s
                                    : 0.0);
   else
     printf("  \"adam_limit_rows_per_s\": null,\n"
@@ -1189,7 +1232,7 @@ static void print_json(const bench *b, const results *r) {
          r->touch.cpu_share, r->stall.cpu_share, r->insert.cpu_share,
          r->gplain.cpu_share,
          r->gpref.cpu_share, r->lookup.cpu_share, r->lookup_eval.cpu_share,
-         r->hinted.cpu_share, r->apply.cpu_share, r->apply_hinted.cpu_share,
+         r->prepared.cpu_share, r->apply.cpu_share, r->apply_prepared.cpu_share,
          adam_share);
   printf(
       "  \"targets\": {\"lookup_vs_gather\": %.1f, \"apply_vs_gather\": 0.4, "
@@ -1261,17 +1304,17 @@ static void print_human(const bench *b, const results *r) {
   printf("dynemb bench: %" PRIu64 " rows x dim %d, batch %zu, %s, %d "
          "thread(s), optimizer %s\n\n",
          o->rows, o->dim, o->batch, o->dist, o->threads,
-         dynemb_optim_name(o->opt_kind));
+         dynemb_optimizer_name(o->opt_kind));
   printf("  %-28s %16s %10s\n", "measure", "value", "target");
   printf("  %-28s %16.0f\n", "gather limit (rows/s)", r->gather_limit);
   printf("  %-28s %16.0f\n", "  gather plain (rows/s)", r->gplain.per_s);
   printf("  %-28s %16.0f\n", "  gather prefetch (rows/s)", r->gpref.per_s);
   printf("  %-28s %16.0f\n", "lookup train (keys/s)", r->lookup.per_s);
   printf("  %-28s %16.0f\n", "lookup eval (keys/s)", r->lookup_eval.per_s);
-  printf("  %-28s %16.0f\n", "lookup hinted (keys/s)", r->hinted.per_s);
+  printf("  %-28s %16.0f\n", "lookup hinted (keys/s)", r->prepared.per_s);
   printf("  %-28s %16.0f\n", "insert (keys/s)", r->insert.per_s);
   printf("  %-28s %16.0f\n", "apply (keys/s)", r->apply.per_s);
-  printf("  %-28s %16.0f\n", "apply hinted (keys/s)", r->apply_hinted.per_s);
+  printf("  %-28s %16.0f\n", "apply hinted (keys/s)", r->apply_prepared.per_s);
   if (r->have_adam_limit)
     printf("  %-28s %16.0f\n", "adam limit (rows/s)", r->adam_limit.per_s);
   else
@@ -1279,7 +1322,7 @@ static void print_human(const bench *b, const results *r) {
   printf("  %-28s %16.3f %10s%.1f\n", "lookup_vs_gather", r->lookup_vs_gather,
          ">= ", lookup_target);
   printf("  %-28s %16.3f\n", "lookup_hinted_vs_gather",
-         r->gather_limit > 0 ? r->hinted.per_s / r->gather_limit : 0.0);
+         r->gather_limit > 0 ? r->prepared.per_s / r->gather_limit : 0.0);
   printf("  %-28s %16.3f %10s\n", "apply_vs_gather", r->apply_vs_gather,
          ">= 0.4");
   if (r->have_adam_limit)
@@ -1347,7 +1390,7 @@ int dynemb_cmd_bench(int argc, char **argv) {
                (o->opt_kind == DYNEMB_OPT_ADAM ? (double)R * o->dim * 8 : 0);
   progress("%" PRIu64 " rows x dim %d (%d floats/row with %s slots), batch "
            "%zu, %s, %d thread(s); needs about %.2f GB",
-           R, o->dim, row_floats, dynemb_optim_name(o->opt_kind), o->batch, o->dist, T,
+           R, o->dim, row_floats, dynemb_optimizer_name(o->opt_kind), o->batch, o->dist, T,
            est / 1e9);
 
   /* Positions, keys, permutation. */
@@ -1455,24 +1498,24 @@ int dynemb_cmd_bench(int argc, char **argv) {
   r.lookup = run_phase(&b, ws, PH_LOOKUP_TRAIN, b.table, 0, "lookup (train)");
   r.lookup_eval =
       run_phase(&b, ws, PH_LOOKUP_EVAL, b.table, 0, "lookup (eval)");
-  /* Reads of prepared batches: the pools' row hints, made once (not
-   * timed) as an input pipeline's dynemb_prepare_hints would. */
+  /* Reads of prepared batches: the pools' row tickets, made once (not
+   * timed) as an input pipeline's dynemb_prepare would. */
   for (int i = 0; i < o->threads; i++) {
     size_t per = b.pool_batches * o->batch;
-    ws[i].hints = xmalloc(per * sizeof(uint64_t), "row hints");
-    int rc = dynemb_prepare_hints(b.table, ws[i].keys, per,
-                                  DYNEMB_LOOKUP_TRAIN, 1, ws[i].hints);
-    if (rc) die_engine("dynemb_prepare_hints", rc);
+    ws[i].tickets = xmalloc(per * sizeof(uint64_t), "row hints");
+    int rc = dynemb_prepare(b.table, ws[i].keys, per,
+                                  DYNEMB_LOOKUP_TRAIN, 1, ws[i].tickets);
+    if (rc) die_engine("dynemb_prepare", rc);
   }
-  r.hinted =
-      run_phase(&b, ws, PH_LOOKUP_HINTED, b.table, 0, "lookup (hinted)");
+  r.prepared =
+      run_phase(&b, ws, PH_LOOKUP_PREPARED, b.table, 0, "lookup (hinted)");
 
   /* 5. Apply. */
   r.apply = run_phase(&b, ws, PH_APPLY, b.table, 0, "apply");
-  /* Applies of prepared batches through their row hints (training's
-   * path: the hints above are still current, nothing was evicted). */
-  r.apply_hinted =
-      run_phase(&b, ws, PH_APPLY_HINTED, b.table, 0, "apply (hinted)");
+  /* Applies of prepared batches through their row tickets (training's
+   * path: the tickets above are still current, nothing was evicted). */
+  r.apply_prepared =
+      run_phase(&b, ws, PH_APPLY_PREPARED, b.table, 0, "apply (hinted)");
 
   /* 6. Adam limit: the same update at the same positions, with the same
    * gradients, on flat arrays (the gather array and a slot array). */
@@ -1526,7 +1569,7 @@ int dynemb_cmd_bench(int argc, char **argv) {
   for (int i = 0; i < T; i++) {
     free(ws[i].keys);
     free(ws[i].pos);
-    free(ws[i].hints);
+    free(ws[i].tickets);
     free(ws[i].out);
     free(ws[i].grads);
   }

@@ -14,7 +14,6 @@
 
 #include "cmds.h"
 #include "dynemb.h"
-#include "optim.h" /* dynemb_optim_name */
 
 static void ckpt_usage(FILE *f) {
   fprintf(f,
@@ -102,7 +101,7 @@ static int cmd_inspect(const char *dir, int json) {
              "\"format_version\": %d, \"apply_steps\": %" PRIu64
              ", \"file_bytes\": %" PRIu64 "}",
              e[i].rows, e[i].candidates, e[i].dim, e[i].row_floats,
-             dynemb_optim_name(e[i].optimizer_kind), e[i].format_version,
+             dynemb_optimizer_name(e[i].optimizer_kind), e[i].format_version,
              e[i].apply_steps, e[i].file_bytes);
     }
     printf("%s]}\n", n ? "\n" : "");
@@ -117,7 +116,7 @@ static int cmd_inspect(const char *dir, int json) {
       printf("%12" PRIu64 " %12" PRIu64 " %6d %-9s %6d %12" PRIu64
              " %14" PRIu64 "  %-20s ",
              e[i].rows, e[i].candidates, e[i].dim,
-             dynemb_optim_name(e[i].optimizer_kind), e[i].format_version,
+             dynemb_optimizer_name(e[i].optimizer_kind), e[i].format_version,
              e[i].apply_steps, e[i].file_bytes, e[i].file);
       print_text_name(e[i].name);
       putchar('\n');

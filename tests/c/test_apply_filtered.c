@@ -1,7 +1,7 @@
 /*
  * test_apply_filtered.c -- dynemb_apply_filtered updates exactly the rows a
- * plain dynemb_apply of the allowed keys' gradients updates, and counts the
- * others as dropped. Reference: a twin table that gets only the allowed
+ * plain dynemb_apply of the trainable keys' gradients updates, and counts the
+ * others as dropped. Reference: a twin table that gets only the trainable
  * occurrences through dynemb_apply.
  */
 #include <stdint.h>
@@ -27,7 +27,7 @@ static dynemb_table *make(const char *name) {
   return t;
 }
 
-static void filtered_equals_plain_apply_of_allowed_keys(void) {
+static void filtered_equals_plain_apply_of_trainable_keys(void) {
   dynemb_table *a = make("filt_a"), *b = make("filt_b");
   enum { N = 400, K = 60, D = 5 };
   int64_t keys[N], kept[N];
@@ -39,10 +39,10 @@ static void filtered_equals_plain_apply_of_allowed_keys(void) {
   CHECK_OK(dynemb_lookup(a, keys, N, DYNEMB_LOOKUP_TRAIN, 0, out));
   CHECK_OK(dynemb_lookup(b, keys, N, DYNEMB_LOOKUP_TRAIN, 0, out));
   for (int step = 0; step < 5; step++) {
-    int64_t allowed[K];
+    int64_t trainable[K];
     size_t na = 0;
     for (int k = K - 1; k >= 0; k--) /* any order */
-      if ((k + step) % 3) allowed[na++] = k * 7919 - 100000;
+      if ((k + step) % 3) trainable[na++] = k * 7919 - 100000;
     size_t nk = 0;
     for (int i = 0; i < N; i++) {
       for (int d = 0; d < D; d++)
@@ -55,7 +55,7 @@ static void filtered_equals_plain_apply_of_allowed_keys(void) {
       }
     }
     dynemb_apply_stats sa, sb;
-    CHECK_OK(dynemb_apply_filtered(a, keys, N, grads, -1.0f, allowed, na, &sa));
+    CHECK_OK(dynemb_apply_filtered(a, keys, N, grads, -1.0f, trainable, na, &sa));
     CHECK_OK(dynemb_apply(b, kept, nk, kept_grads, -1.0f, &sb));
     CHECK(sa.applied == sb.applied);
     CHECK(sa.dropped_unknown == sa.unique_keys - sb.unique_keys);
@@ -67,7 +67,7 @@ static void filtered_equals_plain_apply_of_allowed_keys(void) {
   CHECK(memcmp(x.values, y.values, x.rows * (size_t)x.row_floats * sizeof(float)) == 0);
   dynemb_snapshot_free(&x);
   dynemb_snapshot_free(&y);
-  /* an empty allowed set drops everything */
+  /* an empty trainable set drops everything */
   dynemb_apply_stats s;
   CHECK_OK(dynemb_apply_filtered(a, keys, N, grads, -1.0f, NULL, 0, &s));
   CHECK(s.applied == 0 && s.dropped_unknown == s.unique_keys);
@@ -80,6 +80,6 @@ static void filtered_equals_plain_apply_of_allowed_keys(void) {
 }
 
 int main(void) {
-  RUN(filtered_equals_plain_apply_of_allowed_keys);
+  RUN(filtered_equals_plain_apply_of_trainable_keys);
   return check_summary();
 }

@@ -51,9 +51,9 @@ static int same(const dynemb_index *ix, const ref *r) {
   }
   uint64_t nonempty = 0;
   for (uint64_t i = 0; i < ix->cap; i++)
-    if (ix->slots[i].loc != DYNEMB_LOC_EMPTY) {
+    if (ix->entries[i].loc != DYNEMB_LOC_EMPTY) {
       nonempty++;
-      if (ref_find(r, ix->slots[i].key) < 0) bad++;
+      if (ref_find(r, ix->entries[i].key) < 0) bad++;
     }
   if (ix->cap_f > 0 && nonempty != ix->count) bad++;
   return bad;
@@ -80,7 +80,7 @@ static void random_ops(uint64_t (*h)(int64_t), int64_t key_range, int ops) {
       r.key[r.n] = k;
       r.loc[r.n++] = loc;
     } else if (ri >= 0) { /* erase */
-      dynemb_index_erase_at(&ix, (uint64_t)(e - ix.slots));
+      dynemb_index_erase_at(&ix, (uint64_t)(e - ix.entries));
       r.key[ri] = r.key[r.n - 1];
       r.loc[ri] = r.loc[r.n - 1];
       r.n--;
@@ -168,9 +168,9 @@ static void test_growth_and_load(void) {
 
 static void test_loc_encoding(void) {
   uint32_t loc = DYNEMB_LOC(DYNEMB_TIER_HOST, 12345);
-  CHECK(DYNEMB_LOC_TIER(loc) == 0 && DYNEMB_LOC_SLOT(loc) == 12345);
+  CHECK(DYNEMB_LOC_TIER(loc) == 0 && DYNEMB_LOC_NUM(loc) == 12345);
   loc = DYNEMB_LOC(2, (1u << 30) - 1);
-  CHECK(DYNEMB_LOC_TIER(loc) == 2 && DYNEMB_LOC_SLOT(loc) == (1u << 30) - 1);
+  CHECK(DYNEMB_LOC_TIER(loc) == 2 && DYNEMB_LOC_NUM(loc) == (1u << 30) - 1);
   CHECK(loc != DYNEMB_LOC_EMPTY);
 }
 
@@ -188,21 +188,21 @@ static void test_growth_into_spare(void) {
     double cf = dynemb_index_growth_for(&a, a.count + 3); /* a batch of 3 */
     dynemb_index_spare sp = {NULL, 0, NULL};
     CHECK_OK(dynemb_index_spare_make(cf, &sp));
-    CHECK((cf > 0) == (sp.slots != NULL));
-    dynemb_index_entry *before = a.slots;
+    CHECK((cf > 0) == (sp.entries != NULL));
+    dynemb_index_entry *before = a.entries;
     double cap_before = a.cap_f;
     CHECK_OK(dynemb_index_reserve_spare(&a, a.count + 1, &sp));
-    if (cf > 0 && sp.slots == NULL) {
+    if (cf > 0 && sp.entries == NULL) {
       used++;
-      CHECK(a.cap_f == cf && a.slots != before);
-    } else if (cf > 0 && a.slots == before) {
+      CHECK(a.cap_f == cf && a.entries != before);
+    } else if (cf > 0 && a.entries == before) {
       ignored++; /* made for count + 3: not needed yet for count + 1 */
     }
     /* a replaced array is handed back to be freed after the lock (ASan
      * finds it leaked or freed twice otherwise) */
-    CHECK(sp.retired == (a.slots != before && cap_before > 0 ? before : NULL));
+    CHECK(sp.retired == (a.entries != before && cap_before > 0 ? before : NULL));
     dynemb_index_spare_free(&sp);
-    CHECK(sp.slots == NULL && sp.retired == NULL);
+    CHECK(sp.entries == NULL && sp.retired == NULL);
     dynemb_index_insert(&a, k, h, (uint32_t)k, 1);
     CHECK_OK(dynemb_index_reserve(&b, b.count + 1));
     dynemb_index_insert(&b, k, h, (uint32_t)k, 1);
@@ -213,12 +213,12 @@ static void test_growth_into_spare(void) {
     dynemb_index_entry *e = dynemb_index_find(&a, k, dynemb_hash_key(k));
     CHECK(e && e->loc == (uint32_t)k);
   }
-  CHECK(memcmp(a.slots, b.slots, a.cap * sizeof *a.slots) == 0);
+  CHECK(memcmp(a.entries, b.entries, a.cap * sizeof *a.entries) == 0);
   /* a spare for a capacity off the growth ladder is not taken */
   dynemb_index_spare odd = {NULL, 0, NULL};
   CHECK_OK(dynemb_index_spare_make(a.cap_f * 3, &odd));
   CHECK_OK(dynemb_index_reserve_spare(&a, a.limit + 1, &odd));
-  CHECK(odd.slots != NULL && a.cap_f != odd.cap_f);
+  CHECK(odd.entries != NULL && a.cap_f != odd.cap_f);
   dynemb_index_spare_free(&odd);
   /* one made two steps ahead (a batch spanning two steps, or room for
    * another thread's inserts) is, and the index keeps every entry */
@@ -227,7 +227,7 @@ static void test_growth_into_spare(void) {
   dynemb_index_spare ahead = {NULL, 0, NULL};
   CHECK_OK(dynemb_index_spare_make(two, &ahead));
   CHECK_OK(dynemb_index_reserve_spare(&a, a.limit + 1, &ahead));
-  CHECK(ahead.slots == NULL && a.cap_f == two && ahead.retired != NULL);
+  CHECK(ahead.entries == NULL && a.cap_f == two && ahead.retired != NULL);
   dynemb_index_spare_free(&ahead);
   for (int64_t k = 0; k < 50000; k += 7) {
     dynemb_index_entry *e = dynemb_index_find(&a, k, dynemb_hash_key(k));

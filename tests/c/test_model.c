@@ -1,7 +1,7 @@
 /*
  * test_model.c -- model-based test of the table: long random sequences of
- * train/eval lookups (half of them prepared with row hints and read
- * through them), SGD applies (some through the hints of an earlier prepared
+ * train/eval lookups (half of them prepared with row tickets and read
+ * through them), SGD applies (some through the tickets of an earlier prepared
  * batch, however stale by then), evictions, threshold changes, snapshots,
  * imports and clears, each checked against a small reference model written
  * here (plain arrays indexed by key id), including every stats counter.
@@ -105,7 +105,7 @@ static void m_lookup(model *m, counters *c, const int *ids, int n, int train,
   }
 }
 
-/* `adm` (may be NULL): a hinted apply, where only keys admitted at some
+/* `adm` (may be NULL): a prepared apply, where only keys admitted at some
  * occurrence when their batch was prepared are trained. */
 static void m_apply(model *m, counters *c, const int *ids, int n,
                     const float *g, float lr, const uint8_t *adm) {
@@ -283,10 +283,10 @@ static void run_model(int shards, uint32_t thr0, int steps, uint64_t host) {
   int ids[MAXB];
   int64_t keys[MAXB];
   float out[MAXB * DIM], want[MAXB * DIM], g[MAXB * DIM];
-  /* the last batch prepared with row hints */
+  /* the last batch prepared with row tickets */
   int p_n = 0, p_ids[MAXB];
   int64_t p_keys[MAXB];
-  uint64_t p_hints[MAXB];
+  dynemb_ticket p_tickets[MAXB];
   uint8_t p_adm[MAXB];
   for (int step = 0; step < steps && !bad; step++) {
     uint32_t op = rn(100);
@@ -297,23 +297,23 @@ static void run_model(int shards, uint32_t thr0, int steps, uint64_t host) {
       keys[i] = U[ids[i]];
     }
     if (rn(10) == 0) now += rn(4);
-    if (op < 40) { /* train lookup, or prepare with hints + hinted read */
+    if (op < 40) { /* train lookup, or prepare with tickets + prepared read */
       int rc;
-      const int via_hints = (int)rn(2);
-      if (!via_hints) {
+      const int via_prepare = (int)rn(2);
+      if (!via_prepare) {
         rc = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, now, out);
       } else {
-        rc = dynemb_prepare_hints(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN,
-                                  now, p_hints);
-        if (!rc) rc = dynemb_lookup_hinted(t, keys, p_hints, (size_t)n, out);
+        rc = dynemb_prepare(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN,
+                                  now, p_tickets);
+        if (!rc) rc = dynemb_lookup_prepared(t, keys, p_tickets, (size_t)n, out);
         p_n = n;
         memcpy(p_ids, ids, sizeof ids);
         memcpy(p_keys, keys, sizeof keys);
-        for (int i = 0; i < n; i++) p_adm[i] = p_hints[i] != DYNEMB_NO_HINT;
+        for (int i = 0; i < n; i++) p_adm[i] = p_tickets[i] != DYNEMB_NOT_ADMITTED;
       }
       m_lookup(&m, &c, ids, n, 1, now, thr, want);
-      if (via_hints) {
-        /* the hinted read counts as a lookup too, each hint as a hit */
+      if (via_prepare) {
+        /* the prepared read counts as a lookup too, each ticket as a hit */
         c.lookups += (uint64_t)n;
         for (int i = 0; i < n; i++) c.hits += p_adm[i];
       }
@@ -321,34 +321,34 @@ static void run_model(int shards, uint32_t thr0, int steps, uint64_t host) {
         fprintf(stderr, "step %d: train lookup differs (rc %d)\n", step, rc);
         bad++;
       }
-    } else if (op < 55) { /* eval lookup, or eval prepare + hinted read */
+    } else if (op < 55) { /* eval lookup, or eval prepare + prepared read */
       int rc;
-      uint64_t eh[MAXB];
-      const int via_hints = (int)rn(2);
-      if (!via_hints) {
+      dynemb_ticket eh[MAXB];
+      const int via_prepare = (int)rn(2);
+      if (!via_prepare) {
         rc = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, out);
       } else {
-        rc = dynemb_prepare_hints(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, eh);
-        if (!rc) rc = dynemb_lookup_hinted(t, keys, eh, (size_t)n, out);
+        rc = dynemb_prepare(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, eh);
+        if (!rc) rc = dynemb_lookup_prepared(t, keys, eh, (size_t)n, out);
         c.lookups += (uint64_t)n;
-        for (int i = 0; i < n; i++) c.hits += eh[i] != DYNEMB_NO_HINT;
+        for (int i = 0; i < n; i++) c.hits += eh[i] != DYNEMB_NOT_ADMITTED;
       }
       m_lookup(&m, &c, ids, n, 0, now, thr, want);
       if (rc || memcmp(out, want, sizeof(float) * (size_t)(n * DIM)) != 0) {
         fprintf(stderr, "step %d: eval lookup differs (rc %d)\n", step, rc);
         bad++;
       }
-    } else if (op < 80) { /* apply (or a hinted one, to the last prepared batch) */
-      const int hinted = p_n > 0 && rn(3) == 0;
-      if (hinted) n = p_n;
+    } else if (op < 80) { /* apply (or a prepared one, to the last prepared batch) */
+      const int prepared = p_n > 0 && rn(3) == 0;
+      if (prepared) n = p_n;
       for (int i = 0; i < n * DIM; i++) g[i] = (float)((int)rn(17) - 8) * 0.25f;
       float lr = rn(2) ? -1.0f : 0.5f;
       dynemb_apply_stats as;
-      int rc = hinted ? dynemb_apply_hinted(t, p_keys, p_hints, (size_t)n, g, lr, &as)
+      int rc = prepared ? dynemb_apply_prepared(t, p_keys, p_tickets, (size_t)n, g, lr, &as)
                       : dynemb_apply(t, keys, (size_t)n, g, lr, &as);
       uint64_t applied0 = c.applied, dropped0 = c.dropped;
-      m_apply(&m, &c, hinted ? p_ids : ids, n, g, lr < 0 ? 0.125f : lr,
-              hinted ? p_adm : NULL);
+      m_apply(&m, &c, prepared ? p_ids : ids, n, g, lr < 0 ? 0.125f : lr,
+              prepared ? p_adm : NULL);
       if (rc || as.applied != c.applied - applied0 ||
           as.dropped_unknown != c.dropped - dropped0 ||
           as.unique_keys != as.applied + as.dropped_unknown) {

@@ -294,11 +294,11 @@ static void test_slot_counts_and_names(void) {
   CHECK(dynemb_optim_slot_count(DYNEMB_OPT_FTRL) == 2);
   CHECK(dynemb_optim_slot_count(4) == -1);
   CHECK(dynemb_optim_slot_count(-1) == -1);
-  CHECK(!strcmp(dynemb_optim_name(DYNEMB_OPT_SGD), "sgd"));
-  CHECK(!strcmp(dynemb_optim_name(DYNEMB_OPT_ADAGRAD), "adagrad"));
-  CHECK(!strcmp(dynemb_optim_name(DYNEMB_OPT_ADAM), "adam"));
-  CHECK(!strcmp(dynemb_optim_name(DYNEMB_OPT_FTRL), "ftrl"));
-  CHECK(!strcmp(dynemb_optim_name(99), "unknown"));
+  CHECK(!strcmp(dynemb_optimizer_name(DYNEMB_OPT_SGD), "sgd"));
+  CHECK(!strcmp(dynemb_optimizer_name(DYNEMB_OPT_ADAGRAD), "adagrad"));
+  CHECK(!strcmp(dynemb_optimizer_name(DYNEMB_OPT_ADAM), "adam"));
+  CHECK(!strcmp(dynemb_optimizer_name(DYNEMB_OPT_FTRL), "ftrl"));
+  CHECK(!strcmp(dynemb_optimizer_name(99), "unknown"));
 }
 
 static void test_init_slots(void) {

@@ -1,12 +1,13 @@
 /* dynemb_prepare does to a table exactly what dynemb_lookup does, and its
- * admitted[] says where that lookup returned a row. Reference: a twin table
- * fed the same batches through dynemb_lookup. Row hints: a table prepared
- * with dynemb_prepare_hints and read with dynemb_lookup_hinted gives what
- * its twin gives with dynemb_prepare + dynemb_lookup_visible, also when
- * rows are updated, evicted (stale hints), cleared or imported in between,
- * and made-up hints stay inside the table. Hinted apply (dynemb_apply_hinted)
+ * tickets say where that lookup returned a row. Reference: a twin table
+ * fed the same batches through dynemb_lookup. A prepared batch read with
+ * dynemb_lookup_prepared gives what the twin's eval lookup gives with the
+ * keys not admitted at prepare time reading the default value (the
+ * reference, written out in this test), also when rows are updated,
+ * evicted (stale places), cleared or imported in between, and made-up
+ * tickets stay inside the table. The prepared apply (dynemb_apply_prepared)
  * updates what dynemb_apply_filtered does with the batch's admitted keys as
- * its filter. */
+ * its trainable keys. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,15 +36,16 @@ static void test_prepare_matches_lookup(void) {
   uint64_t rng = 12345;
   for (int step = 0; step < 40; step++) {
     int64_t keys[64];
-    uint8_t adm[64];
+    dynemb_ticket tk[64];
     float out[64 * 3];
     for (int i = 0; i < 64; i++) {
       rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
       keys[i] = (int64_t)(rng >> 33) % 97 - 40; /* repeats, negatives */
     }
-    CHECK_OK(dynemb_prepare(a, keys, 64, DYNEMB_LOOKUP_TRAIN, step, adm));
+    CHECK_OK(dynemb_prepare(a, keys, 64, DYNEMB_LOOKUP_TRAIN, step, tk));
     CHECK_OK(dynemb_lookup(b, keys, 64, DYNEMB_LOOKUP_TRAIN, step, out));
-    for (int i = 0; i < 64; i++) CHECK(adm[i] == (out[i * 3] != 0.0f));
+    for (int i = 0; i < 64; i++)
+      CHECK((tk[i] != DYNEMB_NOT_ADMITTED) == (out[i * 3] != 0.0f));
   }
   dynemb_table_stats sa, sb;
   dynemb_table_get_stats(a, &sa);
@@ -53,9 +55,9 @@ static void test_prepare_matches_lookup(void) {
   CHECK(sa.size > 0 && sa.rejected > 0);
   /* EVAL: no change; admitted = has a row. */
   int64_t probe[2] = {-40, 1000};
-  uint8_t adm2[2];
-  CHECK_OK(dynemb_prepare(a, probe, 2, DYNEMB_LOOKUP_EVAL, 0, adm2));
-  CHECK(adm2[1] == 0);
+  dynemb_ticket tk2[2];
+  CHECK_OK(dynemb_prepare(a, probe, 2, DYNEMB_LOOKUP_EVAL, 0, tk2));
+  CHECK(tk2[1] == DYNEMB_NOT_ADMITTED);
   dynemb_table_get_stats(a, &sb);
   CHECK(sb.size == sa.size && sb.candidates == sa.candidates);
   CHECK_RC(dynemb_prepare(a, probe, 2, DYNEMB_LOOKUP_TRAIN, 0, NULL),
@@ -65,39 +67,66 @@ static void test_prepare_matches_lookup(void) {
   dynemb_registry_clear();
 }
 
-/* dynemb_lookup_visible: rows where visible, the default elsewhere (also
- * for visible keys without a row); nothing is inserted or counted. */
-static void test_lookup_visible_masks_rows(void) {
-  dynemb_table *t = mk("visible", 0);
+/* A ticket is binding: an occurrence that was not admitted when its batch
+ * was prepared reads the default value, although the key has a row now
+ * (admitted by a later occurrence of the same batch, or a later batch),
+ * and keys without a row read it too; the read inserts and counts
+ * nothing. */
+static void test_prepared_read_keeps_admission(void) {
+  dynemb_table *t = mk("binding", 2);
   const float dflt[3] = {9, 8, 7};
   CHECK_OK(dynemb_table_set_default_value(t, dflt));
-  int64_t keys[4] = {1, 2, 3, 1};
-  float rows[12], out[12];
-  CHECK_OK(dynemb_lookup(t, keys, 2, DYNEMB_LOOKUP_TRAIN, 0, rows)); /* 1, 2 */
-  const uint8_t visible[4] = {1, 0, 1, 0};
-  CHECK_OK(dynemb_lookup_visible(t, keys, 4, visible, out));
+  /* threshold 2: key 1's first occurrence is counted, its second admits */
+  int64_t keys[4] = {1, 1, 3, 1};
+  dynemb_ticket tk[4];
+  CHECK_OK(dynemb_prepare(t, keys, 4, DYNEMB_LOOKUP_TRAIN, 0, tk));
+  CHECK(tk[0] == DYNEMB_NOT_ADMITTED && tk[1] != DYNEMB_NOT_ADMITTED);
+  CHECK(tk[2] == DYNEMB_NOT_ADMITTED && tk[3] != DYNEMB_NOT_ADMITTED);
+  /* a later batch admits key 3 */
+  int64_t later[1] = {3};
+  dynemb_ticket tl[1];
+  CHECK_OK(dynemb_prepare(t, later, 1, DYNEMB_LOOKUP_TRAIN, 1, tl));
+  CHECK(tl[0] != DYNEMB_NOT_ADMITTED && dynemb_table_size(t) == 2);
+  float rows[6], out[12];
+  const int64_t have[2] = {1, 3};
+  CHECK_OK(dynemb_lookup(t, have, 2, DYNEMB_LOOKUP_EVAL, 0, rows));
+  CHECK_OK(dynemb_lookup_prepared(t, keys, tk, 4, out));
   for (int d = 0; d < 3; d++) {
-    CHECK(out[d] == rows[d]);          /* key 1, visible: its row */
-    CHECK(out[3 + d] == dflt[d]);      /* key 2 has a row but is hidden */
-    CHECK(out[6 + d] == dflt[d]);      /* key 3 has no row */
-    CHECK(out[9 + d] == dflt[d]);      /* key 1 again, hidden */
+    CHECK(out[d] == dflt[d]);         /* key 1, first occurrence */
+    CHECK(out[3 + d] == rows[d]);     /* key 1, admitted: its row */
+    CHECK(out[6 + d] == dflt[d]);     /* key 3 has a row since, but not then */
+    CHECK(out[9 + d] == rows[d]);     /* key 1 again */
+    CHECK(rows[3 + d] != dflt[d]);
   }
-  CHECK(dynemb_table_size(t) == 2);    /* nothing inserted */
-  CHECK_RC(dynemb_lookup_visible(t, keys, 4, NULL, out), DYNEMB_EINVAL);
+  dynemb_table_stats st;
+  dynemb_table_get_stats(t, &st);
+  CHECK(st.size == 2 && st.candidates == 0);
+  CHECK_RC(dynemb_lookup_prepared(t, keys, NULL, 4, out), DYNEMB_EINVAL);
   dynemb_table_release(t);
   dynemb_registry_clear();
 }
 
 enum { HB = 48, HD = 3, AHEAD = 3 };
 
-static void test_hints_match_visible(void) {
-  dynemb_table *a = mk("hint_a", 2), *b = mk("hint_b", 2);
+/* The reference of a prepared read: an eval lookup with the keys that were
+ * not admitted at prepare time (`adm` 0) reading the default value
+ * (zeros: the tables' rows are drawn from [1, 2)). */
+static void masked_eval_lookup(dynemb_table *t, const int64_t *keys,
+                               const uint8_t *adm, float *out) {
+  CHECK_OK(dynemb_lookup(t, keys, HB, DYNEMB_LOOKUP_EVAL, 0, out));
+  for (int i = 0; i < HB; i++)
+    if (!adm[i]) memset(out + i * HD, 0, HD * sizeof *out);
+}
+
+static void test_prepared_batches_match_reference(void) {
+  dynemb_table *a = mk("prep_ref_a", 2), *b = mk("prep_ref_b", 2);
   dynemb_table_set_eviction_threshold(a, 4);
   dynemb_table_set_eviction_threshold(b, 4);
   uint64_t rng = 99;
-  /* a pipeline AHEAD batches ahead of the step, as in training */
+  /* a pipeline AHEAD batches ahead of the step, as in training; the twin
+   * b does a train lookup where a prepares, and notes what it admitted */
   int64_t keys[AHEAD][HB];
-  uint64_t hints[AHEAD][HB];
+  dynemb_ticket tickets[AHEAD][HB];
   uint8_t adm[AHEAD][HB];
   int stale_rounds = 0;
   for (int step = 0; step < 120 + AHEAD; step++) {
@@ -107,14 +136,19 @@ static void test_hints_match_visible(void) {
         rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
         keys[k][i] = (int64_t)(rng >> 33) % 61 - 20;
       }
-      CHECK_OK(dynemb_prepare_hints(a, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step, hints[k]));
-      CHECK_OK(dynemb_prepare(b, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step, adm[k]));
-      for (int i = 0; i < HB; i++) CHECK((hints[k][i] != DYNEMB_NO_HINT) == adm[k][i]);
+      float rows[HB * HD];
+      CHECK_OK(dynemb_prepare(a, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step,
+                              tickets[k]));
+      CHECK_OK(dynemb_lookup(b, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step, rows));
+      for (int i = 0; i < HB; i++) {
+        adm[k][i] = rows[i * HD] != 0.0f;
+        CHECK((tickets[k][i] != DYNEMB_NOT_ADMITTED) == adm[k][i]);
+      }
     }
     int s = step - (AHEAD - 1); /* the step reads batch s */
     if (s < 0) continue;
     int k = s % AHEAD;
-    if (s % 7 == 3) { /* rows leave their slots between prepare and read */
+    if (s % 7 == 3) { /* rows leave their places between prepare and read */
       size_t ea = 0, eb = 0;
       CHECK_OK(dynemb_evict(a, step, &ea));
       CHECK_OK(dynemb_evict(b, step, &eb));
@@ -133,24 +167,25 @@ static void test_hints_match_visible(void) {
       dynemb_snapshot_free(&snap);
     }
     float oa[HB * HD], ob[HB * HD], g[HB * HD];
-    CHECK_OK(dynemb_lookup_hinted(a, keys[k], hints[k], HB, oa));
-    CHECK_OK(dynemb_lookup_visible(b, keys[k], HB, adm[k], ob));
+    CHECK_OK(dynemb_lookup_prepared(a, keys[k], tickets[k], HB, oa));
+    masked_eval_lookup(b, keys[k], adm[k], ob);
     CHECK(memcmp(oa, ob, sizeof oa) == 0);
     for (int i = 0; i < HB * HD; i++) g[i] = 0.01f * (float)(i % 5) - 0.02f;
-    int64_t allowed[HB];
+    int64_t trainable[HB];
     size_t na = 0;
     for (int i = 0; i < HB; i++)
-      if (adm[k][i]) allowed[na++] = keys[k][i];
+      if (adm[k][i]) trainable[na++] = keys[k][i];
     dynemb_apply_stats st_a, st_b;
-    CHECK_OK(dynemb_apply_hinted(a, keys[k], hints[k], HB, g, 0.5f, &st_a));
-    CHECK_OK(dynemb_apply_filtered(b, keys[k], HB, g, 0.5f, allowed, na, &st_b));
+    CHECK_OK(dynemb_apply_prepared(a, keys[k], tickets[k], HB, g, 0.5f, &st_a));
+    CHECK_OK(dynemb_apply_filtered(b, keys[k], HB, g, 0.5f, trainable, na,
+                                   &st_b));
     CHECK(st_a.applied == st_b.applied && st_a.unique_keys == st_b.unique_keys);
     CHECK(st_a.dropped_unknown == st_b.dropped_unknown);
   }
   CHECK(stale_rounds > 3);
-  /* made-up hints: no read outside the table (ASan), no error */
+  /* made-up tickets: no read outside the table (ASan), no error */
   int64_t k2[HB];
-  uint64_t junk[HB];
+  dynemb_ticket junk[HB];
   float o2[HB * HD];
   for (int i = 0; i < HB; i++) {
     rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -159,14 +194,17 @@ static void test_hints_match_visible(void) {
   }
   junk[0] = 0;
   junk[1] = ((uint64_t)3 << 32) | 0xffffffu; /* shard 3, far past its rows */
-  CHECK_OK(dynemb_lookup_hinted(a, k2, junk, HB, o2));
-  CHECK_RC(dynemb_lookup_hinted(a, k2, NULL, HB, o2), DYNEMB_EINVAL);
+  CHECK_OK(dynemb_lookup_prepared(a, k2, junk, HB, o2));
+  CHECK_RC(dynemb_lookup_prepared(a, k2, NULL, HB, o2), DYNEMB_EINVAL);
   for (int i = 0; i < HB * HD; i++) o2[i] = 0.25f;
-  CHECK_OK(dynemb_apply_hinted(a, k2, junk, HB, o2, 0.1f, NULL));
-  CHECK_RC(dynemb_apply_hinted(a, k2, NULL, HB, o2, 0.1f, NULL), DYNEMB_EINVAL);
-  CHECK_RC(dynemb_apply_hinted(NULL, k2, junk, HB, o2, 0.1f, NULL), DYNEMB_EINVAL);
-  CHECK(strstr(dynemb_last_error(), "dynemb_apply_hinted") != NULL);
-  CHECK_RC(dynemb_prepare_hints(a, k2, HB, DYNEMB_LOOKUP_TRAIN, 1, NULL), DYNEMB_EINVAL);
+  CHECK_OK(dynemb_apply_prepared(a, k2, junk, HB, o2, 0.1f, NULL));
+  CHECK_RC(dynemb_apply_prepared(a, k2, NULL, HB, o2, 0.1f, NULL),
+           DYNEMB_EINVAL);
+  CHECK_RC(dynemb_apply_prepared(NULL, k2, junk, HB, o2, 0.1f, NULL),
+           DYNEMB_EINVAL);
+  CHECK(strstr(dynemb_last_error(), "dynemb_apply_prepared") != NULL);
+  CHECK_RC(dynemb_prepare(a, k2, HB, DYNEMB_LOOKUP_TRAIN, 1, NULL),
+           DYNEMB_EINVAL);
   dynemb_table_release(a);
   dynemb_table_release(b);
   dynemb_registry_clear();
@@ -174,7 +212,7 @@ static void test_hints_match_visible(void) {
 
 int main(void) {
   RUN(test_prepare_matches_lookup);
-  RUN(test_lookup_visible_masks_rows);
-  RUN(test_hints_match_visible);
+  RUN(test_prepared_read_keeps_admission);
+  RUN(test_prepared_batches_match_reference);
   return check_summary();
 }

@@ -3,7 +3,7 @@
  * list, capacity, round trips), and tables whose host memory holds a few
  * rows checked against the same table without a tier. For every optimizer
  * (their slots travel through the file too), train lookups, eval lookups,
- * hinted reads and applies must give bit-identical floats, and so must a
+ * prepared reads and applies must give bit-identical floats, and so must a
  * checkpoint written and loaded back (streamed from and into the tiers,
  * byte-identical to a save of a whole snapshot). Then: both tiers full (ECAPACITY
  * naming both sizes), eviction of rows on SSD, clear, and a disk that
@@ -22,7 +22,7 @@
 #include "init.h"
 #include "optim.h"
 #include "ssd.h"
-#include "table.h"
+#include "table_int.h"
 
 static const char *tmpdir(void) {
   const char *t = getenv("TMPDIR");
@@ -164,7 +164,7 @@ static void run_pair(int opt, int shards) {
   dynemb_table *b = make("tiered", opt, 24, shards);
   if (!a || !b) return;
   int64_t keys[BATCH];
-  uint64_t hints[BATCH];
+  dynemb_ticket tickets[BATCH];
   float oa[BATCH * DIM], ob[BATCH * DIM], g[BATCH * DIM];
   int bad = 0;
   for (int step = 1; step <= 300 && !bad; step++) {
@@ -181,29 +181,29 @@ static void run_pair(int opt, int shards) {
     } else if (op == 1) { /* eval lookup: rows on SSD are read in place */
       CHECK_OK(dynemb_lookup(a, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, step, oa));
       CHECK_OK(dynemb_lookup(b, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, step, ob));
-    } else { /* prepare + hinted read + (hinted) apply, as a training step */
-      CHECK_OK(dynemb_prepare_hints(a, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, hints));
-      CHECK_OK(dynemb_lookup_hinted(a, keys, hints, (size_t)n, oa));
-      CHECK_OK(dynemb_prepare_hints(b, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, hints));
-      /* another prepare in between moves rows: some hints go stale */
+    } else { /* prepare + prepared read + (prepared) apply, as a training step */
+      CHECK_OK(dynemb_prepare(a, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, tickets));
+      CHECK_OK(dynemb_lookup_prepared(a, keys, tickets, (size_t)n, oa));
+      CHECK_OK(dynemb_prepare(b, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, tickets));
+      /* another prepare in between moves rows: some tickets go stale */
       int64_t other[8];
       for (int i = 0; i < 8; i++) other[i] = (int64_t)(rnd() % KEYS) * 7919 - 1000;
       if (op == 3) {
         CHECK_OK(dynemb_lookup(a, other, 8, DYNEMB_LOOKUP_TRAIN, step, g));
         CHECK_OK(dynemb_lookup(b, other, 8, DYNEMB_LOOKUP_TRAIN, step, g));
       }
-      CHECK_OK(dynemb_lookup_hinted(b, keys, hints, (size_t)n, ob));
+      CHECK_OK(dynemb_lookup_prepared(b, keys, tickets, (size_t)n, ob));
       for (int i = 0; i < n * DIM; i++) g[i] = (float)((int)(rnd() % 33) - 16) / 16;
       CHECK_OK(dynemb_apply(a, keys, (size_t)n, g, -1.0f, NULL));
-      CHECK_OK(dynemb_apply_hinted(b, keys, hints, (size_t)n, g, -1.0f, NULL));
+      CHECK_OK(dynemb_apply_prepared(b, keys, tickets, (size_t)n, g, -1.0f, NULL));
     }
     if (memcmp(oa, ob, sizeof(float) * (size_t)(n * DIM)) != 0) {
       fprintf(stderr, "%s, step %d (op %d): outputs differ\n",
-              dynemb_optim_name(opt), step, (int)op);
+              dynemb_optimizer_name(opt), step, (int)op);
       bad++;
     }
     if (step % 50 == 0 && !same_snapshots(a, b)) {
-      fprintf(stderr, "%s, step %d: snapshots differ\n", dynemb_optim_name(opt), step);
+      fprintf(stderr, "%s, step %d: snapshots differ\n", dynemb_optimizer_name(opt), step);
       bad++;
     }
   }

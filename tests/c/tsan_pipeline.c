@@ -1,10 +1,10 @@
 /*
  * tsan_pipeline.c -- the calls an input pipeline makes while training runs,
  * at once, under ThreadSanitizer: "pipeline" threads dynemb_prepare batches
- * ahead, "step" threads read them with dynemb_lookup_visible (one of them
- * with row hints: dynemb_prepare_hints + dynemb_lookup_hinted, and
- * dynemb_apply_hinted) and update them with dynemb_apply_filtered, and a
- * "serving" thread keeps replacing the
+ * ahead, "step" threads read them (one with dynemb_lookup_prepared and
+ * updates them with dynemb_apply_prepared, the other with eval lookups and
+ * dynemb_apply_filtered of the admitted keys), and a "serving" thread keeps
+ * replacing the
  * default value. Afterwards every row was updated exactly as often as the
  * steps allowed it, and every value a step read was a row value or one of the
  * default values.
@@ -32,7 +32,7 @@ static void *step(void *arg) {
   int64_t keys[BATCH];
   uint32_t idx[BATCH];
   uint8_t admitted[BATCH];
-  uint64_t hints[BATCH];
+  dynemb_ticket tickets[BATCH];
   float out[BATCH * DIM], g[BATCH * DIM];
   for (int i = 0; i < BATCH * DIM; i++) g[i] = 1.0f;
   uint64_t seed = 0x2545f4914f6cdd1dULL * (uint64_t)(id + 1);
@@ -42,31 +42,32 @@ static void *step(void *arg) {
       idx[i] = (uint32_t)(seed % KEYS);
       keys[i] = key_of(idx[i]);
     }
-    /* the pipeline's part, then the step's (step thread 1 with row hints) */
-    if (id == 1) {
-      if (dynemb_prepare_hints(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, r, hints)) COUNT(errors);
-      for (int i = 0; i < BATCH; i++) admitted[i] = hints[i] != DYNEMB_NO_HINT;
-      if (dynemb_lookup_hinted(T, keys, hints, BATCH, out)) COUNT(errors);
-    } else {
-      if (dynemb_prepare(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, r, admitted)) COUNT(errors);
-      if (dynemb_lookup_visible(T, keys, BATCH, admitted, out)) COUNT(errors);
-    }
+    /* the pipeline's part, then the step's */
+    if (dynemb_prepare(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, r, tickets))
+      COUNT(errors);
+    for (int i = 0; i < BATCH; i++)
+      admitted[i] = tickets[i] != DYNEMB_NOT_ADMITTED;
+    if (id == 1 ? dynemb_lookup_prepared(T, keys, tickets, BATCH, out)
+                : dynemb_lookup(T, keys, BATCH, DYNEMB_LOOKUP_EVAL, 0, out))
+      COUNT(errors);
     for (int i = 0; i < BATCH * DIM; i++) {
       float v = out[i]; /* rows start at 0 and only go down by whole steps */
       int is_default = v == 100.0f || v == 200.0f;
       if (!is_default && (v > 0.0f || v != (float)(int)v)) COUNT(bad_values);
     }
-    int64_t allowed[BATCH];
+    int64_t trainable[BATCH];
     size_t na = 0;
     for (int i = 0; i < BATCH; i++)
-      if (admitted[i]) allowed[na++] = keys[i];
-    if (id == 1 ? dynemb_apply_hinted(T, keys, hints, BATCH, g, 1.0f, NULL)
-                : dynemb_apply_filtered(T, keys, BATCH, g, 1.0f, allowed, na, NULL))
+      if (admitted[i]) trainable[na++] = keys[i];
+    if (id == 1
+            ? dynemb_apply_prepared(T, keys, tickets, BATCH, g, 1.0f, NULL)
+            : dynemb_apply_filtered(T, keys, BATCH, g, 1.0f, trainable, na,
+                                    NULL))
       COUNT(errors);
-    /* every occurrence of an allowed key adds one gradient unit */
+    /* every occurrence of a trainable key adds one gradient unit */
     for (int i = 0; i < BATCH; i++) {
       int ok = 0;
-      for (size_t j = 0; j < na && !ok; j++) ok = allowed[j] == keys[i];
+      for (size_t j = 0; j < na && !ok; j++) ok = trainable[j] == keys[i];
       if (ok) updates[id][idx[i]]++;
     }
   }
