@@ -15,19 +15,19 @@
  * call, because the kernel instance is per (session, node) and a table may
  * be dropped and re-created between sessions):
  *   DynembLookup  ids(int32|int64, any shape), now(int64 scalar),
- *                 anchor(float, ignored), visible(bool [n], used only when
- *                 attr use_visible is set by a graph rewrite: read-only
- *                 lookup, hidden ids read the default), hints(int64 [n],
- *                 used only when attr use_hints is set by a graph rewrite:
- *                 dynemb_lookup_hinted) -> float [n, dim]
- *   DynembPrepare ids, now -> admitted bool (ids' shape): dynemb_prepare
- *   DynembPrepareHints ids, now -> hints int64 (ids' shape, -1 = no row):
- *                 dynemb_prepare_hints
+ *                 anchor(float, ignored), tickets(int64 [n], used only when
+ *                 attr use_tickets is set by a graph rewrite: the admission
+ *                 tickets of the prepared batch, dynemb_lookup_prepared)
+ *                 -> float [n, dim]
+ *   DynembPrepare ids, now -> tickets int64 (ids' shape; -1 =
+ *                 DYNEMB_NOT_ADMITTED): dynemb_prepare
  *   DynembApply   keys int64 [n], grads float [n, dim], learning_rate float
- *                 scalar, allowed int64 [m] (any order; used only when attr
- *                 filter_allowed is set by a graph rewrite: keys outside it
- *                 are dropped; with attr allowed_are_hints instead one row
- *                 hint per key: dynemb_apply_hinted) -> applied int64 scalar
+ *                 scalar, trainable int64 [m] (any order; used only when
+ *                 attr use_trainable is set by a graph rewrite: the keys
+ *                 whose gradients may be applied, dynemb_apply_filtered),
+ *                 tickets int64 [n] (used only when attr use_tickets is
+ *                 set: one admission ticket per key, dynemb_apply_prepared)
+ *                 -> applied int64 scalar
  *   DynembEvict   now int64 scalar -> evicted int64 scalar
  *   DynembExport  -> meta int64[3] (dim, row_floats, optimizer kind), keys,
  *                 values [rows, row_floats], last_access, cand_keys,
@@ -62,6 +62,10 @@
  *    typedefs below before including it.
  *  - TF_GetInput and TF_AllocateOutput return TF_Tensor wrappers the caller
  *    must TF_DeleteTensor (the buffers stay owned by TF).
+ *  - TF_InputRange maps an input's name to its index range (one index for
+ *    a non-list input); kernels look their inputs up by name with it, so
+ *    an op definition can gain inputs without kernels reading the wrong
+ *    one.
  */
 #include <stdarg.h>
 #include <stdbool.h>
@@ -136,10 +140,8 @@ static void fail_engine(TF_OpKernelContext *ctx, int rc, const char *op) {
 typedef struct kstate {
   char *table_name;
   int is_train;
-  int filter_allowed; /* apply: use input `allowed` (set by graph rewrites) */
-  int use_visible;    /* lookup: use input `visible` (set by graph rewrites) */
-  int use_hints;      /* lookup: use input `hints`; apply: `allowed` holds
-                         one row hint per key (set by graph rewrites) */
+  int use_trainable; /* apply: use input `trainable` (set by graph rewrites) */
+  int use_tickets;   /* lookup, apply: use input `tickets` (graph rewrites) */
   int64_t shard_index, shard_count, flags; /* import, load only */
   char *dir, *source_name; /* load only: checkpoint directory, table in it */
   int rows_only;           /* load only */
@@ -164,8 +166,7 @@ static char *get_string_attr(TF_OpKernelConstruction *c, const char *attr,
   return s;
 }
 
-/* `bool_attr`: the name of a bool attribute to read into is_train (lookup,
- * prepare) or filter_allowed (apply), or NULL. */
+/* `bool_attr`: "is_train" (lookup, prepare) or NULL. */
 static void delete_state(void *p);
 
 static void *create_common(TF_OpKernelConstruction *c, const char *bool_attr,
@@ -182,10 +183,7 @@ static void *create_common(TF_OpKernelConstruction *c, const char *bool_attr,
     TF_Bool b = 1;
     TF_OpKernelConstruction_GetAttrBool(c, bool_attr, &b, st);
     if (TF_GetCode(st) != TF_OK) goto fail;
-    if (!strcmp(bool_attr, "is_train"))
-      k->is_train = b ? 1 : 0;
-    else
-      k->filter_allowed = b ? 1 : 0;
+    k->is_train = b ? 1 : 0;
   }
   if (import) {
     TF_OpKernelConstruction_GetAttrInt64(c, "shard_index", &k->shard_index, st);
@@ -231,18 +229,20 @@ static kstate *with_bools(TF_OpKernelConstruction *c, kstate *k,
   return k;
 }
 
-/* DynembLookup: is_train, use_visible and use_hints. */
-static void *create_lookup_visible(TF_OpKernelConstruction *c) {
+/* DynembLookup: is_train and use_tickets. */
+static void *create_lookup_prepared(TF_OpKernelConstruction *c) {
   kstate *k = create_common(c, "is_train", 0);
-  return with_bools(c, k, (const char *const[]){"use_visible", "use_hints", NULL},
-                    k ? (int *const[]){&k->use_visible, &k->use_hints} : NULL);
+  return with_bools(c, k, (const char *const[]){"use_tickets", NULL},
+                    k ? (int *const[]){&k->use_tickets} : NULL);
 }
 
-/* DynembApply: filter_allowed and allowed_are_hints. */
+/* DynembApply: use_trainable and use_tickets. */
 static void *create_apply(TF_OpKernelConstruction *c) {
-  kstate *k = create_common(c, "filter_allowed", 0);
-  return with_bools(c, k, (const char *const[]){"allowed_are_hints", NULL},
-                    k ? (int *const[]){&k->use_hints} : NULL);
+  kstate *k = create_common(c, NULL, 0);
+  return with_bools(c, k,
+                    (const char *const[]){"use_trainable", "use_tickets", NULL},
+                    k ? (int *const[]){&k->use_trainable, &k->use_tickets}
+                      : NULL);
 }
 static void *create_import(TF_OpKernelConstruction *c) {
   return create_common(c, NULL, 1);
@@ -294,27 +294,18 @@ static dynemb_table *find_table(TF_OpKernelContext *ctx, const kstate *k,
   return t;
 }
 
-/* DYNEMB_OPS_HOLLOW (`make ops-hollow`, an analysis build, never for
- * training): the lookup, prepare and apply kernels fetch their inputs and
- * write their outputs (zero rows, "no row" hints or flags, 0 applied)
- * without calling the engine. bench/tf_train.py's dynemb_hollow variant
- * runs the dynemb graph with it: what the engine's own work costs a
- * training step is the difference to the dynemb variant. */
-#ifdef DYNEMB_OPS_HOLLOW
-#define HOLLOW 1
-/* Present only in this build: dynemb's Python package warns when it loads
- * a library that has it (python/dynemb/_lib.py). */
-__attribute__((visibility("default"))) int dynemb_ops_hollow(void);
-int dynemb_ops_hollow(void) { return 1; }
-#else
-#define HOLLOW 0
-#endif
-
-/* Fetches input i; on failure fails the kernel and returns NULL. */
-static TF_Tensor *input(TF_OpKernelContext *ctx, int i) {
+/* Fetches the input called `name` (a single tensor, not a list); on
+ * failure fails the kernel and returns NULL. */
+static TF_Tensor *input(TF_OpKernelContext *ctx, const char *name) {
   TF_Status *st = TF_NewStatus();
   TF_Tensor *t = NULL;
-  TF_GetInput(ctx, i, &t, st);
+  TF_InputRange_Args r = {.struct_size = TF_InputRange_Args_STRUCT_SIZE,
+                          .priv = NULL, .status = st};
+  TF_InputRange(ctx, name, &r);
+  if (TF_GetCode(st) == TF_OK && r.stop != r.start + 1)
+    TF_SetStatus(st, TF_INTERNAL, "dynemb: an op input is a list, not one "
+                 "tensor; the op library and its op definitions disagree");
+  if (TF_GetCode(st) == TF_OK) TF_GetInput(ctx, r.start, &t, st);
   if (TF_GetCode(st) != TF_OK) {
     TF_OpKernelContext_Failure(ctx, st);
     t = NULL;
@@ -387,12 +378,11 @@ static const int64_t *ids_as_int64(TF_OpKernelContext *ctx, const kstate *k,
 
 static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const kstate *k = p;
-  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL, *visible = NULL,
-            *hints = NULL;
+  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL, *tickets = NULL;
   dynemb_table *t = NULL;
   int64_t *wide = NULL;
-  if (!(ids = input(ctx, 0)) || !(nowt = input(ctx, 1)) ||
-      !(visible = input(ctx, 3)) || !(hints = input(ctx, 4)))
+  if (!(ids = input(ctx, "ids")) || !(nowt = input(ctx, "now")) ||
+      !(tickets = input(ctx, "tickets")))
     goto done;
   int64_t now = 0;
   if (scalar_i64(ctx, nowt, "lookup", "now", &now)) goto done;
@@ -402,33 +392,19 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const int64_t dims[2] = {n, dim};
   if (!(out = output(ctx, 0, TF_FLOAT, dims, 2, sizeof(float)))) goto done;
   if (n == 0) goto done;
-  if (HOLLOW) {
-    memset(TF_TensorData(out), 0, (size_t)n * (size_t)dim * sizeof(float));
-    goto done;
-  }
   const int64_t *keys = ids_as_int64(ctx, k, ids, n, "lookup", &wide);
   if (!keys) goto done;
   int rc;
-  if (k->use_hints) {
-    if (TF_TensorElementCount(hints) != n) {
-      fail(ctx, TF_INVALID_ARGUMENT, "dynemb lookup: table '%s': %lld row "
-           "hints for %lld ids", k->table_name,
-           (long long)TF_TensorElementCount(hints), (long long)n);
-      goto done;
-    }
-    /* int64 -1 is DYNEMB_NO_HINT (UINT64_MAX): same bits */
-    rc = dynemb_lookup_hinted(t, keys, TF_TensorData(hints), (size_t)n,
-                              TF_TensorData(out));
-  } else if (k->use_visible) {
-    if (TF_TensorElementCount(visible) != n) {
+  if (k->use_tickets) {
+    if (TF_TensorElementCount(tickets) != n) {
       fail(ctx, TF_INVALID_ARGUMENT, "dynemb lookup: table '%s': %lld "
-           "visibility flags for %lld ids", k->table_name,
-           (long long)TF_TensorElementCount(visible), (long long)n);
+           "admission tickets for %lld ids", k->table_name,
+           (long long)TF_TensorElementCount(tickets), (long long)n);
       goto done;
     }
-    /* TF_BOOL elements are one byte each, 0 or 1 */
-    rc = dynemb_lookup_visible(t, keys, (size_t)n, TF_TensorData(visible),
-                               TF_TensorData(out));
+    /* int64 -1 is DYNEMB_NOT_ADMITTED (UINT64_MAX): same bits */
+    rc = dynemb_lookup_prepared(t, keys, TF_TensorData(tickets), (size_t)n,
+                                TF_TensorData(out));
   } else {
     rc = dynemb_lookup(t, keys, (size_t)n,
                        k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
@@ -437,8 +413,7 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   if (rc != DYNEMB_OK) fail_engine(ctx, rc, "lookup");
 done:
   free(wide);
-  if (hints) TF_DeleteTensor(hints);
-  if (visible) TF_DeleteTensor(visible);
+  if (tickets) TF_DeleteTensor(tickets);
   if (out) TF_DeleteTensor(out);
   if (ids) TF_DeleteTensor(ids);
   if (nowt) TF_DeleteTensor(nowt);
@@ -450,15 +425,13 @@ done:
 /* ------------------------------------------------------------------------ */
 
 /* The table-side work of a lookup (is_train: count, insert, stamp) ahead of
- * the step, without values: admitted[i] says whether a lookup would have
- * returned the row (true) or the default value (false) for ids[i]. */
-/* DynembPrepare (admitted flags) and DynembPrepareHints (row hints). */
-static void prepare_common(void *p, TF_OpKernelContext *ctx, int with_hints) {
+ * the step, without values: one admission ticket per id. */
+static void prepare_compute(void *p, TF_OpKernelContext *ctx) {
   const kstate *k = p;
   TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL;
   dynemb_table *t = NULL;
   int64_t *wide = NULL;
-  if (!(ids = input(ctx, 0)) || !(nowt = input(ctx, 1))) goto done;
+  if (!(ids = input(ctx, "ids")) || !(nowt = input(ctx, "now"))) goto done;
   int64_t now = 0;
   if (scalar_i64(ctx, nowt, "prepare", "now", &now)) goto done;
   if (!(t = find_table(ctx, k, "prepare"))) goto done;
@@ -471,23 +444,13 @@ static void prepare_common(void *p, TF_OpKernelContext *ctx, int with_hints) {
     goto done;
   }
   for (int d = 0; d < nd; d++) dims[d] = TF_Dim(ids, d);
-  if (!(out = with_hints ? output(ctx, 0, TF_INT64, dims, nd, sizeof(int64_t))
-                         : output(ctx, 0, TF_BOOL, dims, nd, 1)))
-    goto done;
+  if (!(out = output(ctx, 0, TF_INT64, dims, nd, sizeof(int64_t)))) goto done;
   const int64_t n = TF_TensorElementCount(ids);
   if (n == 0) goto done;
-  if (HOLLOW) { /* -1 (DYNEMB_NO_HINT) or false: no row */
-    memset(TF_TensorData(out), with_hints ? 0xff : 0,
-           (size_t)n * (with_hints ? sizeof(int64_t) : 1));
-    goto done;
-  }
   const int64_t *keys = ids_as_int64(ctx, k, ids, n, "prepare", &wide);
   if (!keys) goto done;
   const int mode = k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL;
-  int rc = with_hints ? dynemb_prepare_hints(t, keys, (size_t)n, mode, now,
-                                             TF_TensorData(out))
-                      : dynemb_prepare(t, keys, (size_t)n, mode, now,
-                                       TF_TensorData(out));
+  int rc = dynemb_prepare(t, keys, (size_t)n, mode, now, TF_TensorData(out));
   if (rc != DYNEMB_OK) fail_engine(ctx, rc, "prepare");
 done:
   free(wide);
@@ -497,24 +460,19 @@ done:
   dynemb_table_release(t);
 }
 
-static void prepare_compute(void *p, TF_OpKernelContext *ctx) {
-  prepare_common(p, ctx, 0);
-}
-
-static void prepare_hints_compute(void *p, TF_OpKernelContext *ctx) {
-  prepare_common(p, ctx, 1);
-}
-
 /* ------------------------------------------------------------------------ */
 /* DynembApply                                                               */
 /* ------------------------------------------------------------------------ */
 
 static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   const kstate *k = p;
-  TF_Tensor *keys = NULL, *grads = NULL, *lrt = NULL, *allowed = NULL;
+  TF_Tensor *keys = NULL, *grads = NULL, *lrt = NULL, *trainable = NULL,
+            *tickets = NULL;
   dynemb_table *t = NULL;
-  if (!(keys = input(ctx, 0)) || !(grads = input(ctx, 1)) ||
-      !(lrt = input(ctx, 2)) || !(allowed = input(ctx, 3)))
+  if (!(keys = input(ctx, "keys")) || !(grads = input(ctx, "grads")) ||
+      !(lrt = input(ctx, "learning_rate")) ||
+      !(trainable = input(ctx, "trainable")) ||
+      !(tickets = input(ctx, "tickets")))
     goto done;
   if (!(t = find_table(ctx, k, "apply"))) goto done;
   const int dim = dynemb_table_dim(t);
@@ -532,27 +490,24 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
     goto done;
   }
   const float lr = *(const float *)TF_TensorData(lrt);
-  if (k->use_hints && TF_TensorElementCount(allowed) != n) {
-    fail(ctx, TF_INVALID_ARGUMENT, "dynemb apply: table '%s': got %lld row "
-         "hints for %lld keys; the graph rewrite must pass one hint per key "
-         "(rebuild the graph with the same dynemb version)", k->table_name,
-         (long long)TF_TensorElementCount(allowed), (long long)n);
+  if (k->use_tickets && TF_TensorElementCount(tickets) != n) {
+    fail(ctx, TF_INVALID_ARGUMENT, "dynemb apply: table '%s': got %lld "
+         "admission tickets for %lld keys; the graph rewrite must pass one "
+         "ticket per key (rebuild the graph with the same dynemb version)",
+         k->table_name, (long long)TF_TensorElementCount(tickets),
+         (long long)n);
     goto done;
   }
   dynemb_apply_stats s = {0};
-  if (HOLLOW) {
-    set_scalar_output(ctx, 0, 0);
-    goto done;
-  }
-  int rc = k->use_hints
-               ? dynemb_apply_hinted(t, TF_TensorData(keys),
-                                     TF_TensorData(allowed), (size_t)n,
-                                     TF_TensorData(grads), lr, &s)
-           : k->filter_allowed
+  int rc = k->use_tickets
+               ? dynemb_apply_prepared(t, TF_TensorData(keys),
+                                       TF_TensorData(tickets), (size_t)n,
+                                       TF_TensorData(grads), lr, &s)
+           : k->use_trainable
                ? dynemb_apply_filtered(
                      t, TF_TensorData(keys), (size_t)n, TF_TensorData(grads),
-                     lr, TF_TensorData(allowed),
-                     (size_t)TF_TensorElementCount(allowed), &s)
+                     lr, TF_TensorData(trainable),
+                     (size_t)TF_TensorElementCount(trainable), &s)
                : dynemb_apply(t, TF_TensorData(keys), (size_t)n,
                               TF_TensorData(grads), lr, &s);
   if (rc != DYNEMB_OK) {
@@ -564,7 +519,8 @@ done:
   if (keys) TF_DeleteTensor(keys);
   if (grads) TF_DeleteTensor(grads);
   if (lrt) TF_DeleteTensor(lrt);
-  if (allowed) TF_DeleteTensor(allowed);
+  if (trainable) TF_DeleteTensor(trainable);
+  if (tickets) TF_DeleteTensor(tickets);
   dynemb_table_release(t);
 }
 
@@ -576,7 +532,7 @@ static void evict_compute(void *p, TF_OpKernelContext *ctx) {
   const kstate *k = p;
   TF_Tensor *nowt = NULL;
   dynemb_table *t = NULL;
-  if (!(nowt = input(ctx, 0))) goto done;
+  if (!(nowt = input(ctx, "now"))) goto done;
   int64_t now = 0;
   if (scalar_i64(ctx, nowt, "evict", "now", &now)) goto done;
   if (!(t = find_table(ctx, k, "evict"))) goto done;
@@ -596,8 +552,13 @@ done:
 /* DynembExport / DynembImport                                               */
 /* ------------------------------------------------------------------------ */
 
+/* The eight tensors of a table's contents: DynembExport's outputs and
+ * DynembImport's inputs, in this order and with these names. */
 enum { EXP_META, EXP_KEYS, EXP_VALUES, EXP_LAST, EXP_CKEYS, EXP_CCOUNTS,
        EXP_CLAST, EXP_STEPS, EXP_N };
+static const char *const EXP_NAMES[EXP_N] = {
+    "meta", "keys", "values", "last_access", "cand_keys", "cand_counts",
+    "cand_last_access", "apply_steps"};
 
 static int out_i64(TF_OpKernelContext *ctx, int i, const int64_t *src,
                    size_t n) {
@@ -693,7 +654,7 @@ static void import_compute(void *p, TF_OpKernelContext *ctx) {
   uint32_t *last = NULL, *ccounts = NULL, *clast = NULL;
   dynemb_table *t = NULL;
   for (int i = 0; i < EXP_N; i++)
-    if (!(in[i] = input(ctx, i))) goto done;
+    if (!(in[i] = input(ctx, EXP_NAMES[i]))) goto done;
   if (check_vec(ctx, k, in[EXP_META], "meta", 3, 0)) goto done;
   const int64_t *meta = TF_TensorData(in[EXP_META]);
   const int64_t rows = TF_TensorElementCount(in[EXP_KEYS]);
@@ -767,7 +728,7 @@ static void load_compute(void *p, TF_OpKernelContext *ctx) {
   const kstate *k = p;
   TF_Tensor *stampt = NULL;
   dynemb_table *t = NULL;
-  if (!(stampt = input(ctx, 0))) goto done;
+  if (!(stampt = input(ctx, "stamp"))) goto done;
   dynemb_load_options o = {-1, k->rows_only};
   if (scalar_i64(ctx, stampt, "load", "stamp", &o.stamp)) goto done;
   if (!(t = find_table(ctx, k, "load"))) goto done;
@@ -853,27 +814,21 @@ static void register_op(const char *name, const char *const *attrs,
 __attribute__((constructor)) static void dynemb_register_ops(void) {
   register_op("DynembLookup",
               LIST("table_name: string", "is_train: bool = true",
-                   "use_visible: bool = false", "use_hints: bool = false",
-                   "Tkeys: {int32, int64}"),
+                   "use_tickets: bool = false", "Tkeys: {int32, int64}"),
               LIST("ids: Tkeys", "now: int64", "anchor: float",
-                   "visible: bool", "hints: int64"),
-              LIST("embeddings: float"), create_lookup_visible,
+                   "tickets: int64"),
+              LIST("embeddings: float"), create_lookup_prepared,
               lookup_compute);
   register_op("DynembPrepare",
               LIST("table_name: string", "is_train: bool = true",
                    "Tkeys: {int32, int64}"),
-              LIST("ids: Tkeys", "now: int64"), LIST("admitted: bool"),
+              LIST("ids: Tkeys", "now: int64"), LIST("tickets: int64"),
               create_lookup, prepare_compute);
-  register_op("DynembPrepareHints",
-              LIST("table_name: string", "is_train: bool = true",
-                   "Tkeys: {int32, int64}"),
-              LIST("ids: Tkeys", "now: int64"), LIST("hints: int64"),
-              create_lookup, prepare_hints_compute);
   register_op("DynembApply",
-              LIST("table_name: string", "filter_allowed: bool = false",
-                   "allowed_are_hints: bool = false"),
+              LIST("table_name: string", "use_trainable: bool = false",
+                   "use_tickets: bool = false"),
               LIST("keys: int64", "grads: float", "learning_rate: float",
-                   "allowed: int64"),
+                   "trainable: int64", "tickets: int64"),
               LIST("applied: int64"), create_apply, apply_compute);
   register_op("DynembEvict", LIST("table_name: string"), LIST("now: int64"),
               LIST("evicted: int64"), create_plain, evict_compute);
