@@ -1,16 +1,24 @@
 # dynemb build. `make demo` and `make test` are the two entry points (README).
 #
-#   make            engine libraries + CLI (build/)
+#   make            the product: engine libraries (build/libdynemb.a, the shared
+#                   build/libdynemb.so.X.Y.Z) and the dynemb CLI (build/dynemb)
+#   make install    header, libraries, CLI and pkg-config file under
+#                   $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); `make uninstall`
+#   make check      the C tests: unit tests (ASan+UBSan), TSan stress, plain
+#                   tests, checkpoint fuzzing (where clang is), the install test;
+#                   `make check T=test_table [F=test_admission]` runs one
+#                   program [one test function of it]
 #   make venv       .venv with the pinned TensorFlow (first run downloads it)
 #   make ops        TensorFlow op library (needs the venv)
-#   make test       every test: C unit tests (ASan+UBSan), TSan stress,
-#                   checkpoint fuzzing, Python/TensorFlow tests on the pinned
+#   make test       `make check` + the Python/TensorFlow tests on the pinned
 #                   TensorFlow 2.15.1, then the sess.run tests again on
 #                   TensorFlow 2.19.1 with the SAME op library binary
 #                   (`make test TF_COMPAT=0` skips that second run;
 #                   docs/tensorflow-versions.md)
 #   make demo       venv + build + the Criteo training demo
-#   make bench      engine benchmark (JSON)
+#   make bench      engine benchmark (JSON); bench-ssd, bench-step, bench-tf
+#                   and probe-limit: the other benchmarks, each building what
+#                   it needs (BENCHMARKS.md); `make all` builds none of them
 
 CC       ?= cc
 PYTHON   ?= python3
@@ -27,7 +35,8 @@ COMPAT_VENV := .venv-tf219
 COMPAT_LOCK := tf/requirements-tf219.txt
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
-BASEFLAGS:= -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -fPIC -fvisibility=hidden -pthread $(WARN)
+# -MMD -MP: the header lists (see UNLESS_DEPS below).
+BASEFLAGS:= -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -fPIC -fvisibility=hidden -pthread $(WARN) -MMD -MP
 CFLAGS   ?= -O2 -g -fno-math-errno -fvect-cost-model=dynamic
 LDLIBS   := -lz -lm -pthread
 
@@ -37,53 +46,143 @@ TEST_SRC   := $(wildcard tests/c/test_*.c)
 TSAN_SRC   := $(wildcard tests/c/tsan_*.c)
 PLAIN_SRC  := $(wildcard tests/c/plain_*.c)
 
-# --- release build ---------------------------------------------------------
+# The library version is the header's (DYNEMB_VERSION_*); the shared
+# library's SONAME carries the major number.
+version_part = $(shell sed -n 's/^\#define DYNEMB_VERSION_$(1) *\([0-9][0-9]*\).*/\1/p' include/dynemb.h)
+VERSION_MAJOR := $(call version_part,MAJOR)
+VERSION  := $(VERSION_MAJOR).$(call version_part,MINOR).$(call version_part,PATCH)
+SONAME   := libdynemb.so.$(VERSION_MAJOR)
+SHLIB    := build/libdynemb.so.$(VERSION)
+
+# Header lists: every object and test program also writes the headers it
+# read (-MMD, build/**/*.d, included below). A target whose list is missing
+# (first build, or a tree built before the lists existed) is rebuilt.
+.SECONDEXPANSION:
+UNLESS_DEPS = $$(if $$(wildcard $$(basename $$@).d),,FORCE)
+FORCE:
+
+# --- the product: libraries and CLI -----------------------------------------
 REL_OBJ  := $(ENGINE_SRC:src/%.c=build/obj/%.o)
+TOOL_OBJ := $(TOOL_SRC:tools/%.c=build/tools/%.o)
 
-all: build/libdynemb.a build/libdynemb.so build/dynemb build/probe_limit build/step_costs
+all: build/libdynemb.a build/libdynemb.so build/dynemb
 
-build/obj/%.o: src/%.c include/dynemb.h $(wildcard src/*.h)
+build/obj/%.o: src/%.c $(UNLESS_DEPS)
 	@mkdir -p $(@D)
 	$(CC) $(BASEFLAGS) $(CFLAGS) -c $< -o $@
 
+$(SHLIB): $(REL_OBJ)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS) -Wl,--no-undefined
+
+# The links of a shared library install: libdynemb.so (what -ldynemb finds)
+# -> libdynemb.so.0 (what programs load) -> libdynemb.so.X.Y.Z (the file).
+build/libdynemb.so: $(SHLIB)
+	ln -sf $(notdir $(SHLIB)) build/$(SONAME)
+	ln -sf $(SONAME) $@
+
+build/tools/%.o: tools/%.c $(UNLESS_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(BASEFLAGS) $(CFLAGS) -Itools -c $< -o $@
+
+build/dynemb: $(TOOL_OBJ) build/libdynemb.a
+	$(CC) $(TOOL_OBJ) build/libdynemb.a -o $@ $(LDLIBS)
+
+# --- install ------------------------------------------------------------------
+PREFIX     ?= /usr/local
+BINDIR     := $(PREFIX)/bin
+LIBDIR     := $(PREFIX)/lib
+INCLUDEDIR := $(PREFIX)/include
+PCDIR      := $(LIBDIR)/pkgconfig
+# Every installed file (uninstall removes exactly these).
+INSTALLED  := $(INCLUDEDIR)/dynemb.h $(LIBDIR)/libdynemb.a $(LIBDIR)/$(notdir $(SHLIB)) \
+              $(LIBDIR)/$(SONAME) $(LIBDIR)/libdynemb.so $(BINDIR)/dynemb $(PCDIR)/dynemb.pc
+
+install: all
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(PCDIR)
+	install -m 644 include/dynemb.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 build/libdynemb.a $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libdynemb.so
+	install -m 755 build/dynemb $(DESTDIR)$(BINDIR)/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' dynemb.pc.in \
+	  > $(DESTDIR)$(PCDIR)/dynemb.pc
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED))
+
+# --- C tests: the engine compiled once per flavour, into its own archive ---------
+# asan: the unit tests (ASan+UBSan); tsan: the stress tests (ThreadSanitizer);
+# fuzz: the libFuzzer target (clang only). The plain tests of what sanitizer
+# builds do not run (real huge-page slabs and their prefault thread across
+# fork) use the release flags, hence the release archive.
+ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+TSAN_FLAGS := -O1 -g -fsanitize=thread
+FUZZ_FLAGS := -Wno-unused-command-line-argument -O1 -g -fsanitize=address,undefined
+
+build/asan/obj/%.o: src/%.c $(UNLESS_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(BASEFLAGS) $(ASAN_FLAGS) -c $< -o $@
+
+build/tsan/obj/%.o: src/%.c $(UNLESS_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(BASEFLAGS) $(TSAN_FLAGS) -c $< -o $@
+
+# libFuzzer's coverage instrumentation in the engine (fuzzer-no-link); the
+# fuzzer's main is linked into the target only.
+build/fuzz/obj/%.o: src/%.c $(UNLESS_DEPS)
+	@mkdir -p $(@D)
+	clang $(BASEFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+# One archive per flavour: the release one (the product) and the three above.
+FLAVOURS := asan tsan fuzz
 build/libdynemb.a: $(REL_OBJ)
+$(foreach f,$(FLAVOURS),$(eval build/$(f)/libdynemb.a: $(ENGINE_SRC:src/%.c=build/$(f)/obj/%.o)))
+build/libdynemb.a $(FLAVOURS:%=build/%/libdynemb.a):
 	@rm -f $@
 	ar rcs $@ $^
 
-build/libdynemb.so: $(REL_OBJ)
-	$(CC) -shared -o $@ $^ $(LDLIBS) -Wl,--no-undefined
+build/asan/test_%: tests/c/test_%.c $(UNLESS_DEPS) build/asan/libdynemb.a
+	$(CC) $(BASEFLAGS) $(ASAN_FLAGS) -Itests/c $< build/asan/libdynemb.a -o $@ $(LDLIBS)
 
-build/dynemb: $(TOOL_SRC) build/libdynemb.a
-	$(CC) $(BASEFLAGS) $(CFLAGS) -Itools $(TOOL_SRC) build/libdynemb.a -o $@ $(LDLIBS)
+build/tsan/tsan_%: tests/c/tsan_%.c $(UNLESS_DEPS) build/tsan/libdynemb.a
+	$(CC) $(BASEFLAGS) $(TSAN_FLAGS) -Itests/c $< build/tsan/libdynemb.a -o $@ $(LDLIBS)
 
-# --- sanitizer builds for tests ---------------------------------------------
-ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-TSAN_FLAGS := -O1 -g -fsanitize=thread
-
-build/asan/test_%: tests/c/test_%.c $(ENGINE_SRC) tests/c/check.h include/dynemb.h $(wildcard src/*.h)
+build/plain/plain_%: tests/c/plain_%.c $(UNLESS_DEPS) build/libdynemb.a
 	@mkdir -p $(@D)
-	$(CC) $(BASEFLAGS) $(ASAN_FLAGS) -Itests/c $< $(ENGINE_SRC) -o $@ $(LDLIBS)
+	$(CC) $(BASEFLAGS) $(CFLAGS) -Itests/c $< build/libdynemb.a -o $@ $(LDLIBS)
 
-build/tsan/tsan_%: tests/c/tsan_%.c $(ENGINE_SRC) tests/c/check.h include/dynemb.h $(wildcard src/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(BASEFLAGS) $(TSAN_FLAGS) -Itests/c $< $(ENGINE_SRC) -o $@ $(LDLIBS)
+build/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.c $(UNLESS_DEPS) build/fuzz/libdynemb.a
+	clang $(BASEFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer $< build/fuzz/libdynemb.a -o $@ $(LDLIBS)
 
-# Tests of what sanitizer builds do not run (real huge-page slabs and their
-# prefault thread across fork): the release flags, no sanitizer.
-build/plain/plain_%: tests/c/plain_%.c $(ENGINE_SRC) tests/c/check.h include/dynemb.h $(wildcard src/*.h)
-	@mkdir -p $(@D)
-	$(CC) $(BASEFLAGS) $(CFLAGS) -Itests/c $< $(ENGINE_SRC) -o $@ $(LDLIBS)
-
-# libFuzzer needs clang; the fuzz target is skipped where clang is missing.
-build/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.c $(ENGINE_SRC) include/dynemb.h $(wildcard src/*.h)
-	@mkdir -p $(@D)
-	clang $(BASEFLAGS) -Wno-unused-command-line-argument -O1 -g -fsanitize=fuzzer,address,undefined $< $(ENGINE_SRC) -o $@ $(LDLIBS)
-
-C_TESTS    := $(TEST_SRC:tests/c/%.c=build/asan/%)
-TSAN_TESTS := $(TSAN_SRC:tests/c/%.c=build/tsan/%)
+C_TESTS     := $(TEST_SRC:tests/c/%.c=build/asan/%)
+TSAN_TESTS  := $(TSAN_SRC:tests/c/%.c=build/tsan/%)
 PLAIN_TESTS := $(PLAIN_SRC:tests/c/%.c=build/plain/%)
+FUZZ_TESTS  := $(if $(shell command -v clang 2>/dev/null),build/fuzz/fuzz_ckpt)
 
-c-tests: $(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS)
+# The program of a C test by name (test_table -> build/asan/test_table).
+test_program = $(filter %/$(1),$(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS) $(FUZZ_TESTS))
+
+DEP_FILES := $(foreach d,obj $(FLAVOURS:%=%/obj),$(ENGINE_SRC:src/%.c=build/$(d)/%.d)) \
+             $(TOOL_OBJ:.o=.d) $(addsuffix .d,$(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS) \
+             build/fuzz/fuzz_ckpt build/step_costs)
+include $(wildcard $(DEP_FILES))
+
+c-tests: $(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS) $(FUZZ_TESTS)
+
+# T=NAME: one program (test_table, tsan_stress, fuzz_ckpt, install_test);
+# F=NAME: one test function of it.
+ifeq ($(T),)
+check: all c-tests
+	@bash tests/run_all.sh c
+else
+check: check-$(T)
+endif
+
+check-%: all $$(call test_program,$$*)
+	@if [ "$*" != install_test ] && [ -z "$(call test_program,$*)" ]; then \
+	  echo "make check: no C test program named '$*'" >&2; exit 2; fi
+	@bash tests/run_all.sh c $* $(F)
 
 # --- Python / TensorFlow ------------------------------------------------------
 # setuptools>=64 and wheel: the editable install below runs without build
@@ -108,24 +207,18 @@ compat-venv: $(COMPAT_VENV)/.stamp
 ops: venv build/libdynemb.a
 	$(MAKE) --no-print-directory -f tf/ops.mk PYTHON=$(VPY)
 
-# An analysis build of the op library for bench/tf_train.py's dynemb_hollow
-# variant: the same kernels with every engine call left out (never install it).
-ops-hollow: venv build/libdynemb.a
-	$(MAKE) --no-print-directory -f tf/ops.mk PYTHON=$(VPY) \
-	  OUT=build/tf-hollow/_dynemb_ops.so EXTRA_CFLAGS=-DDYNEMB_OPS_HOLLOW
-
 install-py: venv
 	$(VPY) $(PIP) --no-build-isolation -e .
 
 # --- entry points ---------------------------------------------------------------
 # The op library is built once, against .venv's TensorFlow 2.15.1 headers;
-# tests/run_all.sh loads that same file under both TensorFlow versions.
+# tests/run_all.sh loads that same file under both TensorFlow versions. The
+# Python tests also run the benchmark programs (tests/py/test_bench_scripts.py).
 test: all c-tests
-	@if command -v clang >/dev/null 2>&1; then $(MAKE) --no-print-directory build/fuzz/fuzz_ckpt; fi
 	@$(MAKE) --no-print-directory install-py
-	@$(MAKE) --no-print-directory ops ops-hollow
+	@$(MAKE) --no-print-directory ops $(ENGINE_LEFT_OUT_LIB) build/step_costs
 	@if [ "$(TF_COMPAT)" != 0 ]; then $(MAKE) --no-print-directory compat-venv; fi
-	@TF_COMPAT=$(TF_COMPAT) TF_COMPAT_VENV=$(COMPAT_VENV) bash tests/run_all.sh
+	@TF_COMPAT=$(TF_COMPAT) TF_COMPAT_VENV=$(COMPAT_VENV) bash tests/run_all.sh all
 
 demo: all install-py
 	$(VPY) examples/criteo_demo.py
@@ -137,6 +230,7 @@ bench: all
 	./build/dynemb bench --rows 4000000 --dim 64 --batch 65536 --dist uniform --threads 2 --json
 	./build/dynemb bench --rows 4000000 --dim 64 --batch 65536 --dist zipf:1.05 --threads 2 --json
 
+# --- benchmark programs (none of them is part of the product) ------------------
 # What any hash index could reach against the gather (BENCHMARKS.md, session 6).
 build/probe_limit: bench/probe_limit.c
 	@mkdir -p build
@@ -149,7 +243,7 @@ probe-limit: build/probe_limit
 build/step_costs: bench/step_costs.c build/libdynemb.a
 	$(CC) $(BASEFLAGS) $(CFLAGS) $< build/libdynemb.a -o $@ $(LDLIBS)
 
-bench-step: all install-py
+bench-step: build/step_costs install-py
 	$(VPY) bench/tf_op_costs.py --dump-ids build/step_ids.bin
 	./build/step_costs build/step_ids.bin
 
@@ -164,7 +258,8 @@ bench-ssd: all
 clean:
 	rm -rf build
 
-.PHONY: demo-estimator all c-tests venv compat-venv ops install-py test demo bench bench-ssd probe-limit bench-step ops-hollow clean
+.PHONY: demo-estimator all install uninstall check c-tests venv compat-venv ops install-py \
+        test demo bench bench-ssd probe-limit bench-step clean FORCE
 
 # --- TensorFlow training benchmark (bench/tf_train.py) -------------------------
 # TFRA needs its own TensorFlow, so it gets its own virtualenv; where pip cannot
@@ -177,7 +272,25 @@ $(TFRA_VENV)/.stamp:
 	  $(TFRA_VENV)/bin/pip install -q $(TFRA_PIN) numpy && touch $@) || \
 	  echo "bench-tf: could not install $(TFRA_PIN) into $(TFRA_VENV)" >&2
 
-bench-tf: all install-py ops-hollow
+# bench/tf_train.py's dynemb_engine_left_out variant loads an analysis build
+# of the op library: the unchanged tf/dynemb_ops.c whose calls of the
+# engine's per-batch functions (ENGINE_LEFT_OUT_CALLS) are redirected by
+# -Wl,--wrap to the stand-ins of bench/engine_left_out.c, which write their
+# outputs (zero rows, "no row", 0 applied) and do nothing else. The step
+# costs what it costs without the engine's work; it does not train.
+ENGINE_LEFT_OUT_CALLS := dynemb_lookup dynemb_lookup_visible dynemb_lookup_hinted \
+                         dynemb_prepare dynemb_prepare_hints \
+                         dynemb_apply dynemb_apply_filtered dynemb_apply_hinted
+ENGINE_LEFT_OUT_LIB   := build/bench/engine-left-out/_dynemb_ops.so
+
+$(ENGINE_LEFT_OUT_LIB): bench/engine_left_out.c tf/dynemb_ops.c tf/ops.mk Makefile \
+                        include/dynemb.h build/libdynemb.a $(VENV)/.stamp
+	@rm -f $@
+	$(MAKE) --no-print-directory -f tf/ops.mk PYTHON=$(VPY) OUT=$@ \
+	  EXTRA_SRC=bench/engine_left_out.c \
+	  EXTRA_LDFLAGS="$(ENGINE_LEFT_OUT_CALLS:%=-Wl,--wrap=%)"
+
+bench-tf: all install-py $(ENGINE_LEFT_OUT_LIB)
 	@$(MAKE) --no-print-directory $(TFRA_VENV)/.stamp
 	$(VPY) bench/tf_train.py --json
 

@@ -30,16 +30,19 @@ dense weights):
              any embedding store could reach against native on this model and
              machine: what is left of the step is the MLP, the dense optimizer,
              the executor and the input.
-  dynemb_hollow
-             the dynemb graph and op library built without the engine's work
-             (`make ops-hollow`: the kernels write their outputs -- zero rows,
-             "no row" hints -- without calling the engine; it does not train).
-             Its CPU ms per step against dynemb's is what the engine's own
-             work costs the step (`engine_cpu_ms_per_step`); its samples/s
-             against TF native's, `hollow_vs_tf_native`, what dynemb's graph
-             (prepared lookups in the input pipeline, hints, applies) would
-             reach with an engine that cost nothing. Skipped, with the reason
-             in `hollow_note`, when build/tf-hollow/_dynemb_ops.so is missing.
+  dynemb_engine_left_out
+             the dynemb graph on an analysis build of the op library with the
+             engine's per-batch work left out (`make bench-tf` builds it: the
+             unchanged kernels linked against the stand-ins of
+             bench/engine_left_out.c, which write the outputs -- zero rows,
+             "no row" hints, 0 applied -- without calling the engine; it does
+             not train). Its CPU ms per step against dynemb's is what the
+             engine's own work costs the step (`engine_cpu_ms_per_step`); its
+             samples/s against TF native's, `engine_left_out_vs_tf_native`,
+             what dynemb's graph (prepared lookups in the input pipeline,
+             hints, applies) would reach with an engine that cost nothing.
+             Skipped, with the reason in `engine_left_out_note`, when
+             build/bench/engine-left-out/_dynemb_ops.so is missing.
 
 Each variant's graph is built by one function (build_<variant>); every
 measurement runs in a fresh subprocess, the variants interleaved, --repeats times;
@@ -74,8 +77,9 @@ from typing import Any, Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
-VARIANTS = ("dynemb", "tf_native", "tfra", "embedding_free", "dynemb_hollow")
-HOLLOW_OPS_LIB = os.path.join(REPO, "build", "tf-hollow", "_dynemb_ops.so")
+VARIANTS = ("dynemb", "tf_native", "tfra", "embedding_free", "dynemb_engine_left_out")
+ENGINE_LEFT_OUT_OPS_LIB = os.path.join(REPO, "build", "bench", "engine-left-out",
+                                       "_dynemb_ops.so")
 NUM_CAT = 26
 NUM_INT = 13
 CAT_NAMES = tuple(f"C{i + 1}" for i in range(NUM_CAT))
@@ -299,7 +303,7 @@ def build_embedding_free(tf, cfg: Dict) -> Dict:
 
 BUILDERS = {"dynemb": build_dynemb, "tf_native": build_tf_native, "tfra": build_tfra,
             "embedding_free": build_embedding_free,
-            "dynemb_hollow": build_dynemb}  # (with the hollow op library: run_variant)
+            "dynemb_engine_left_out": build_dynemb}  # (its own op library: run_variant)
 
 
 # ---------------------------------------------------------------------------
@@ -396,8 +400,8 @@ def run_variant(py: str, cfg: Dict, timeout: float) -> Dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONWARNINGS="ignore")
     if cfg["variant"] == "tfra":
         env.setdefault("TF_USE_LEGACY_KERAS", "1")
-    if cfg["variant"] == "dynemb_hollow":
-        env["DYNEMB_OPS_LIB"] = HOLLOW_OPS_LIB
+    if cfg["variant"] == "dynemb_engine_left_out":
+        env["DYNEMB_OPS_LIB"] = ENGINE_LEFT_OUT_OPS_LIB
     proc = subprocess.run([py, os.path.abspath(__file__), "--worker", json.dumps(cfg)],
                           capture_output=True, text=True, env=env, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -493,11 +497,12 @@ def main(argv=None) -> int:
         log(f"unknown variants {bad}; known: {list(VARIANTS)}")
         return 2
     tfra_note = None
-    hollow_note = None
-    if "dynemb_hollow" in variants and not os.path.isfile(HOLLOW_OPS_LIB):
-        hollow_note = f"no analysis op library at {HOLLOW_OPS_LIB} (`make ops-hollow` builds it)"
-        log(f"dynemb_hollow skipped: {hollow_note}")
-        variants.remove("dynemb_hollow")
+    left_out_note = None
+    if "dynemb_engine_left_out" in variants and not os.path.isfile(ENGINE_LEFT_OUT_OPS_LIB):
+        left_out_note = (f"no analysis op library at {ENGINE_LEFT_OUT_OPS_LIB} "
+                         f"(`make bench-tf` builds it)")
+        log(f"dynemb_engine_left_out skipped: {left_out_note}")
+        variants.remove("dynemb_engine_left_out")
     if "tfra" in variants:
         tfra_note = tfra_available(args.tfra_python)
         if tfra_note:
@@ -524,7 +529,7 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     if runs is None:
         return 1
-    report(args, runs, tfra_note, info, load_before, hollow_note)
+    report(args, runs, tfra_note, info, load_before, left_out_note)
     return 0
 
 
@@ -556,7 +561,7 @@ def measure(args, base: Dict, variants: List[str], tfra_note: Optional[str]):
 
 
 def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Dict,
-           load_before: float, hollow_note: Optional[str] = None) -> None:
+           load_before: float, left_out_note: Optional[str] = None) -> None:
     median = {v: statistics.median(r["samples_per_s"] for r in rs) for v, rs in runs.items() if rs}
     per_cpu = {v: statistics.median(r["samples_per_cpu_s"] for r in rs)
                for v, rs in runs.items() if rs}
@@ -591,8 +596,8 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
 
     cpu_ms = {v: statistics.median(r["cpu_ms_per_step"] for r in rs)
               for v, rs in runs.items() if rs}
-    engine_ms = (round(cpu_ms["dynemb"] - cpu_ms["dynemb_hollow"], 2)
-                 if "dynemb" in cpu_ms and "dynemb_hollow" in cpu_ms else None)
+    engine_ms = (round(cpu_ms["dynemb"] - cpu_ms["dynemb_engine_left_out"], 2)
+                 if "dynemb" in cpu_ms and "dynemb_engine_left_out" in cpu_ms else None)
     result = {
         "benchmark": "tf_train",
         "dynemb_samples_per_s": round(median["dynemb"]) if "dynemb" in median else None,
@@ -610,12 +615,13 @@ def report(args, runs: Dict[str, List[Dict]], tfra_note: Optional[str], info: Di
         "bound_vs_tf_native": ratio("embedding_free", "tf_native"),
         "bound_vs_tf_native_paired": paired("embedding_free", "tf_native"),
         # The dynemb graph with an engine that costs nothing (module doc).
-        "dynemb_hollow_samples_per_s": (round(median["dynemb_hollow"])
-                                        if "dynemb_hollow" in median else None),
-        "hollow_vs_tf_native": ratio("dynemb_hollow", "tf_native"),
-        "hollow_vs_tf_native_paired": paired("dynemb_hollow", "tf_native"),
+        "dynemb_engine_left_out_samples_per_s": (
+            round(median["dynemb_engine_left_out"])
+            if "dynemb_engine_left_out" in median else None),
+        "engine_left_out_vs_tf_native": ratio("dynemb_engine_left_out", "tf_native"),
+        "engine_left_out_vs_tf_native_paired": paired("dynemb_engine_left_out", "tf_native"),
         "engine_cpu_ms_per_step": engine_ms,
-        "hollow_note": hollow_note,
+        "engine_left_out_note": left_out_note,
         # Samples per CPU-second (all threads of the process): steadier than wall
         # time when other work shares the machine.
         "samples_per_cpu_s": {v: round(x) for v, x in per_cpu.items()},

@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
-# Runs every test binary that `make test` built, then the Python/TensorFlow
-# tests (on the pinned TensorFlow, and unless TF_COMPAT=0 once more on the
-# newer TensorFlow of $TF_COMPAT_VENV with the same op library), and ends
-# with one line "N passed, N failed" over all of them (skipped tests are in
-# neither count). Exits non-zero if anything failed.
+# Runs the tests that make built and ends with one line "N passed, N failed"
+# over all of them (skipped tests are in neither count; CI reads that line).
+# Exits non-zero if anything failed.
+#
+#   tests/run_all.sh c [PROGRAM [TEST...]]   the C tests (`make check`): every
+#        program of build/asan, build/tsan, build/plain, the checkpoint fuzzer
+#        (where it was built) and tests/install_test.sh; or the one PROGRAM
+#        (test_table, fuzz_ckpt, install_test), with only its TEST functions
+#   tests/run_all.sh py    the Python/TensorFlow tests on the pinned
+#        TensorFlow, and unless TF_COMPAT=0 once more on the newer TensorFlow
+#        of $TF_COMPAT_VENV with the same op library
+#   tests/run_all.sh all   both (`make test`)
 set -u
 cd "$(dirname "$0")/.."
+mode=${1:-all}
+only=${2:-}
+case "$mode" in
+  c|py|all) ;;
+  *) echo "usage: tests/run_all.sh c|py|all [PROGRAM [TEST...]]" >&2; exit 2 ;;
+esac
+shift $(($# < 2 ? $# : 2))  # what is left: test function names
 passed=0; failed=0
 count() {  # count PASS/FAIL lines of a C test's output; a crash is a failure
   local out="$1" rc="$2" p f
@@ -13,24 +27,34 @@ count() {  # count PASS/FAIL lines of a C test's output; a crash is a failure
   passed=$((passed + p)); failed=$((failed + f))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); fi
 }
-for t in build/asan/test_* build/tsan/tsan_* build/plain/plain_*; do
-  [ -x "$t" ] || continue
-  echo "== $t"
-  out=$(ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        TSAN_OPTIONS=halt_on_error=1 "$t" 2>&1); rc=$?
-  printf '%s\n' "$out" | grep -v '^PASS ' | tail -n 40
-  count "$out" "$rc"
-done
-if [ -x build/fuzz/fuzz_ckpt ]; then
-  echo "== fuzz_ckpt (20 s)"
-  mkdir -p build/fuzz/corpus
-  if build/fuzz/fuzz_ckpt -max_total_time=20 -print_final_stats=0 \
-       build/fuzz/corpus tests/fuzz/seeds >build/fuzz/log.txt 2>&1; then
-    echo "PASS fuzz_ckpt"; passed=$((passed + 1))
-  else
-    tail -n 30 build/fuzz/log.txt; echo "FAIL fuzz_ckpt"; failed=$((failed + 1))
+wanted() { [ -z "$only" ] || [ "$only" = "$1" ]; }  # PROGRAM given: only it
+c_tests() {
+  local t out rc
+  for t in build/asan/test_* build/tsan/tsan_* build/plain/plain_*; do
+    [ -x "$t" ] && wanted "$(basename "$t")" || continue
+    echo "== $t"
+    out=$(ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+          TSAN_OPTIONS=halt_on_error=1 "$t" "$@" 2>&1); rc=$?
+    printf '%s\n' "$out" | grep -v '^PASS ' | tail -n 40
+    count "$out" "$rc"
+  done
+  if [ -x build/fuzz/fuzz_ckpt ] && wanted fuzz_ckpt; then
+    echo "== fuzz_ckpt (20 s)"
+    mkdir -p build/fuzz/corpus
+    if build/fuzz/fuzz_ckpt -max_total_time=20 -print_final_stats=0 \
+         build/fuzz/corpus tests/fuzz/seeds >build/fuzz/log.txt 2>&1; then
+      echo "PASS fuzz_ckpt"; passed=$((passed + 1))
+    else
+      tail -n 30 build/fuzz/log.txt; echo "FAIL fuzz_ckpt"; failed=$((failed + 1))
+    fi
   fi
-fi
+  if wanted install_test; then
+    echo "== tests/install_test.sh"
+    out=$(bash tests/install_test.sh 2>&1); rc=$?
+    printf '%s\n' "$out" | grep -v '^PASS ' | tail -n 40
+    count "$out" "$rc"
+  fi
+}
 pytest_run() {  # LABEL PYTHON [VAR=VALUE...]: one pytest run over tests/py, counted
   local label="$1" py="$2" out rc line p f s; shift 2
   echo "== pytest ($label)"
@@ -45,35 +69,39 @@ pytest_run() {  # LABEL PYTHON [VAR=VALUE...]: one pytest run over tests/py, cou
   # failures (crash, collection error, usage error) is one failure.
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); fi
 }
-skipped=0
-OPS_LIB=build/tf/_dynemb_ops.so
-if [ -x .venv/bin/python ] && [ -d tests/py ] && ls tests/py/test_*.py >/dev/null 2>&1; then
-  sum_before=$(sha256sum "$OPS_LIB" 2>/dev/null | cut -c1-64)
-  built_with=$(cat "$OPS_LIB.tf-version" 2>/dev/null || echo '?')
-  echo "== op library $OPS_LIB: sha256 ${sum_before:-missing}, built with TensorFlow $built_with headers"
-  pytest_run "pinned TensorFlow" .venv/bin/python
-  # Compatibility run (make test TF_COMPAT=1, the default): the sess.run tests
-  # on a newer TensorFlow, loading the very same op library file. dynemb is
-  # not installed in that venv: python/ comes from the source tree.
-  compat_venv=${TF_COMPAT_VENV:-.venv-tf219}
-  if [ "${TF_COMPAT:-1}" != 0 ]; then
-    if [ -x "$compat_venv/bin/python" ] && [ -n "$sum_before" ]; then
-      pytest_run "compatibility: $compat_venv, same op library" "$compat_venv/bin/python" \
-        TF_USE_LEGACY_KERAS=1 PYTHONPATH="$PWD/python" DYNEMB_OPS_LIB="$PWD/$OPS_LIB"
-      sum_after=$(sha256sum "$OPS_LIB" 2>/dev/null | cut -c1-64)
-      if [ "$sum_after" = "$sum_before" ]; then
-        echo "PASS tf-compat: both pytest runs loaded $OPS_LIB sha256 $sum_before"
-        passed=$((passed + 1))
+py_tests() {  # every pytest run, counted
+  OPS_LIB=build/tf/_dynemb_ops.so
+  if [ -x .venv/bin/python ] && [ -d tests/py ] && ls tests/py/test_*.py >/dev/null 2>&1; then
+    sum_before=$(sha256sum "$OPS_LIB" 2>/dev/null | cut -c1-64)
+    built_with=$(cat "$OPS_LIB.tf-version" 2>/dev/null || echo '?')
+    echo "== op library $OPS_LIB: sha256 ${sum_before:-missing}, built with TensorFlow $built_with headers"
+    pytest_run "pinned TensorFlow" .venv/bin/python
+    # Compatibility run (make test TF_COMPAT=1, the default): the sess.run tests
+    # on a newer TensorFlow, loading the very same op library file. dynemb is
+    # not installed in that venv: python/ comes from the source tree.
+    compat_venv=${TF_COMPAT_VENV:-.venv-tf219}
+    if [ "${TF_COMPAT:-1}" != 0 ]; then
+      if [ -x "$compat_venv/bin/python" ] && [ -n "$sum_before" ]; then
+        pytest_run "compatibility: $compat_venv, same op library" "$compat_venv/bin/python" \
+          TF_USE_LEGACY_KERAS=1 PYTHONPATH="$PWD/python" DYNEMB_OPS_LIB="$PWD/$OPS_LIB"
+        sum_after=$(sha256sum "$OPS_LIB" 2>/dev/null | cut -c1-64)
+        if [ "$sum_after" = "$sum_before" ]; then
+          echo "PASS tf-compat: both pytest runs loaded $OPS_LIB sha256 $sum_before"
+          passed=$((passed + 1))
+        else
+          echo "FAIL tf-compat: $OPS_LIB changed between the two runs ($sum_before -> ${sum_after:-missing})"
+          failed=$((failed + 1))
+        fi
       else
-        echo "FAIL tf-compat: $OPS_LIB changed between the two runs ($sum_before -> ${sum_after:-missing})"
+        echo "FAIL tf-compat: $compat_venv/bin/python or $OPS_LIB missing (make test builds both; make test TF_COMPAT=0 skips this run)"
         failed=$((failed + 1))
       fi
-    else
-      echo "FAIL tf-compat: $compat_venv/bin/python or $OPS_LIB missing (make test builds both; make test TF_COMPAT=0 skips this run)"
-      failed=$((failed + 1))
     fi
+    echo "== pytest: $skipped skipped over all runs"
   fi
-  echo "== pytest: $skipped skipped over all runs"
-fi
+}
+skipped=0
+if [ "$mode" != py ]; then c_tests "$@"; fi
+if [ "$mode" != c ]; then py_tests; fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

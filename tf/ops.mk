@@ -26,17 +26,18 @@ TF_INC  := $(word 1,$(TF_INFO))
 TF_LIB  := $(word 2,$(TF_INFO))
 TF_VER  := $(word 3,$(TF_INFO))
 
-# EXTRA_CFLAGS: -DDYNEMB_OPS_HOLLOW builds the analysis library of
-# `make ops-hollow` (tf/dynemb_ops.c says what it is; never for training).
+# EXTRA_CFLAGS, EXTRA_SRC, EXTRA_LDFLAGS: more flags and C files for a variant of the
+# library, e.g. the analysis build of `make bench-tf` (the Makefile's
+# ENGINE_LEFT_OUT_LIB: stand-ins for engine calls, linked with -Wl,--wrap).
 OPS_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -fvisibility=hidden -pthread \
               -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
               -Iinclude -isystem $(TF_INC) $(EXTRA_CFLAGS)
 OPS_LDFLAGS := -shared -L$(TF_LIB) -Wl,--no-undefined
 
-$(OUT): tf/dynemb_ops.c tf/ops.mk include/dynemb.h build/libdynemb.a
+$(OUT): tf/dynemb_ops.c $(EXTRA_SRC) tf/ops.mk include/dynemb.h build/libdynemb.a
 	@if [ -z "$(TF_INC)" ]; then echo "tf/ops.mk: TensorFlow is not importable with $(PYTHON)" >&2; exit 1; fi
 	@mkdir -p $(@D)
-	$(CC) $(OPS_CFLAGS) tf/dynemb_ops.c -o $@ $(OPS_LDFLAGS) \
+	$(CC) $(OPS_CFLAGS) tf/dynemb_ops.c $(EXTRA_SRC) -o $@ $(OPS_LDFLAGS) $(EXTRA_LDFLAGS) \
 	  -Wl,--whole-archive build/libdynemb.a -Wl,--no-whole-archive \
 	  -lz -lm -l:libtensorflow_framework.so.2 -pthread
 	@echo "$(TF_VER)" > $@.tf-version

@@ -4,6 +4,11 @@
  * A test is a `static void name(void)`; CHECK* macros record failures
  * without stopping the test; RUN(name) prints "PASS name" or "FAIL name"
  * (tests/run_all.sh counts those lines) and main returns check_summary().
+ *
+ * Test names on the command line run only those tests:
+ *   build/asan/test_table test_admission test_apply_sgd
+ * (`make check T=test_table F=test_admission`). A name that no RUN in the
+ * program has is a failure, so a typo cannot pass as an empty run.
  */
 #ifndef DYNEMB_CHECK_H
 #define DYNEMB_CHECK_H
@@ -16,6 +21,32 @@
 
 static int check_failed_in_test;
 static int check_passed_total, check_failed_total;
+
+/* The test names of the command line. glibc passes main's argc/argv to
+ * constructors too, which lets the tests keep `int main(void)`. */
+#define CHECK_MAX_NAMES 64
+static int check_names_n;
+static const char *check_names[CHECK_MAX_NAMES];
+static int check_name_ran[CHECK_MAX_NAMES];
+
+__attribute__((constructor)) static void check_read_names(int argc,
+                                                          char **argv) {
+  for (int i = 1; i < argc; i++) {
+    if (check_names_n == CHECK_MAX_NAMES) {
+      fprintf(stderr, "check.h: more than %d test names\n", CHECK_MAX_NAMES);
+      exit(2);
+    }
+    check_names[check_names_n++] = argv[i];
+  }
+}
+
+/* Whether the test `name` runs: every test when no names were given. */
+static inline int check_selected(const char *name) {
+  int selected = !check_names_n;
+  for (int i = 0; i < check_names_n; i++)
+    if (!strcmp(check_names[i], name)) selected = check_name_ran[i] = 1;
+  return selected;
+}
 
 #define CHECK(cond)                                                        \
   do {                                                                     \
@@ -53,6 +84,7 @@ static int check_passed_total, check_failed_total;
 
 #define RUN(test)                                                          \
   do {                                                                     \
+    if (!check_selected(#test)) break;                                     \
     check_failed_in_test = 0;                                              \
     test();                                                                \
     if (check_failed_in_test) {                                            \
@@ -66,6 +98,11 @@ static int check_passed_total, check_failed_total;
   } while (0)
 
 static inline int check_summary(void) {
+  for (int i = 0; i < check_names_n; i++)
+    if (!check_name_ran[i]) {
+      check_failed_total++;
+      printf("FAIL %s (this program has no such test)\n", check_names[i]);
+    }
   printf("%d passed, %d failed\n", check_passed_total, check_failed_total);
   return check_failed_total ? 1 : 0;
 }

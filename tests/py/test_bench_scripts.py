@@ -21,7 +21,7 @@ def _last_json(*args: str) -> dict:
 
 def test_tf_train_json():
     j = _last_json("bench/tf_train.py", "--json", "--variants",
-                   "dynemb,tf_native,embedding_free,dynemb_hollow", "--repeats", "1",
+                   "dynemb,tf_native,embedding_free,dynemb_engine_left_out", "--repeats", "1",
                    "--steps", "6", "--warmup", "2")
     assert j["dynemb_samples_per_s"] > 0 and j["tf_native_samples_per_s"] > 0
     assert j["vs_tf_native"] > 0 and j["tfra_samples_per_s"] is None
@@ -30,9 +30,11 @@ def test_tf_train_json():
         (run,) = j["runs"][v]
         assert run["loss_last"] < run["loss_first"], v  # it trains
     assert j["config"]["source"]["ops_lib_sha256"]
-    # `make test` builds the analysis library (make ops-hollow)
-    assert j["hollow_note"] is None and j["dynemb_hollow_samples_per_s"] > 0
-    assert j["hollow_vs_tf_native"] > 0 and isinstance(j["engine_cpu_ms_per_step"], float)
+    # `make test` builds the analysis library (as `make bench-tf` does)
+    assert j["engine_left_out_note"] is None and j["dynemb_engine_left_out_samples_per_s"] > 0
+    assert j["engine_left_out_vs_tf_native"] > 0
+    assert isinstance(j["engine_cpu_ms_per_step"], float)
+    assert not [k for k in j if "hollow" in k]
 
 
 def test_tf_op_costs_json():
@@ -63,14 +65,54 @@ def test_step_costs_reads_dumped_ids(tmp_path):
     assert all(j[k] > 0 for k in ("prepare_hints", "lookup_hinted", "apply_hinted"))
 
 
-def test_hollow_library_says_what_it_is():
-    """The analysis op library of `make ops-hollow` warns when loaded; the real one does not."""
-    code = "import dynemb._lib as l; print('HOLLOW', l.HOLLOW)"
-    for lib, hollow in (("build/tf-hollow/_dynemb_ops.so", True), ("build/tf/_dynemb_ops.so", False)):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=300, cwd=ROOT,
+# Three steps of one table's sparse training, on the op library that
+# DYNEMB_OPS_LIB names, through the training path of bench/tf_train.py
+# (ids prepared in the input pipeline, hinted lookup, hinted apply): prints
+# the sum of the looked-up rows at each step and the table's rows at the end.
+_TRAIN_ONE_TABLE = """
+import json
+import numpy as np
+import tensorflow as tf
+import dynemb
+from dynemb.graph.modifier import get_initializer, modify_graph_and_start_emb_cache
+from dynemb.optimizers import adagrad
+
+tf.compat.v1.disable_eager_execution()
+dynemb.init(use_dynamic_expansion=True)
+ids = tf.data.Dataset.from_tensors(np.arange(64, dtype=np.int64) * 7919).repeat()
+batch = tf.compat.v1.data.make_initializable_iterator(ids).get_next()
+opt = adagrad.create_hash_optimizer(learning_rate=0.1, initial_accumulator_value=0.1)
+table = dynemb.create_table(tf.int64, 4, "t", tf.compat.v1.constant_initializer(0.5),
+                            optimizer_list=[opt])
+emb = dynemb.sparse_lookup(table, batch, is_train=True, modify_graph=True,
+                           access_and_evict_config={"access_threshold": 1,
+                                                    "eviction_threshold": 0})
+loss = tf.reduce_sum(emb)
+sparse_vars = dynemb.get_dense_and_sparse_variable()[1]
+train = opt.apply_gradients(zip(tf.gradients(loss, sparse_vars), sparse_vars))
+modify_graph_and_start_emb_cache()
+with tf.compat.v1.Session() as sess:
+    sess.run(tf.compat.v1.global_variables_initializer())
+    sess.run(get_initializer(True))
+    sums = [float(sess.run([loss, train])[0]) for _ in range(3)]
+print(json.dumps({"sums": sums, "rows": int(table.size())}))
+"""
+
+
+def test_engine_left_out_library_trains_nothing():
+    """The op library of bench/tf_train.py's dynemb_engine_left_out variant
+    (built by `make bench-tf` and `make test`) reads zero rows, inserts none
+    and updates none; the product's op library, on the same script, trains."""
+    trained = {}
+    for variant, lib in (("product", "build/tf/_dynemb_ops.so"),
+                         ("engine_left_out", "build/bench/engine-left-out/_dynemb_ops.so")):
+        r = subprocess.run([sys.executable, "-c", _TRAIN_ONE_TABLE], capture_output=True,
+                           text=True, timeout=300, cwd=ROOT,
                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                                     DYNEMB_OPS_LIB=os.path.join(ROOT, lib)))
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert f"HOLLOW {hollow}" in r.stdout
-        assert ("analysis build of `make ops-hollow`" in r.stderr) == hollow, r.stderr[-2000:]
+        assert r.returncode == 0, r.stderr[-3000:]
+        trained[variant] = json.loads(r.stdout.strip().splitlines()[-1])
+    product, left_out = trained["product"], trained["engine_left_out"]
+    assert product["rows"] == 64 and product["sums"][0] == 64 * 4 * 0.5, product
+    assert product["sums"][2] < product["sums"][1] < product["sums"][0], product
+    assert left_out == {"sums": [0.0, 0.0, 0.0], "rows": 0}, left_out
