@@ -276,11 +276,10 @@ $(TFRA_VENV)/.stamp:
 # of the op library: the unchanged tf/dynemb_ops.c whose calls of the
 # engine's per-batch functions (ENGINE_LEFT_OUT_CALLS) are redirected by
 # -Wl,--wrap to the stand-ins of bench/engine_left_out.c, which write their
-# outputs (zero rows, "no row", 0 applied) and do nothing else. The step
+# outputs (zero rows, "not admitted", 0 applied) and do nothing else. The step
 # costs what it costs without the engine's work; it does not train.
-ENGINE_LEFT_OUT_CALLS := dynemb_lookup dynemb_lookup_visible dynemb_lookup_hinted \
-                         dynemb_prepare dynemb_prepare_hints \
-                         dynemb_apply dynemb_apply_filtered dynemb_apply_hinted
+ENGINE_LEFT_OUT_CALLS := dynemb_lookup dynemb_lookup_prepared dynemb_prepare \
+                         dynemb_apply dynemb_apply_filtered dynemb_apply_prepared
 ENGINE_LEFT_OUT_LIB   := build/bench/engine-left-out/_dynemb_ops.so
 
 $(ENGINE_LEFT_OUT_LIB): bench/engine_left_out.c tf/dynemb_ops.c tf/ops.mk Makefile \
