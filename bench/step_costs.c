@@ -154,8 +154,8 @@ int main(int argc, char **argv) {
                a = ph[2][rounds / 2];
   printf("{\"benchmark\": \"step_costs\", \"unit\": \"CPU ns per id\", "
          "\"ids_per_batch\": %zu, \"tables\": %d, \"batches\": %d, "
-         "\"prepare_hints\": %.2f, \"lookup_hinted\": %.2f, "
-         "\"apply_hinted\": %.2f, \"ms_per_batch\": %.3f, "
+         "\"prepare\": %.2f, \"lookup_prepared\": %.2f, "
+         "\"apply_prepared\": %.2f, \"ms_per_batch\": %.3f, "
          "\"pollute_mb\": %zu}\n",
          per_batch, nt, nb, p, l, a, (p + l + a) * per_batch / 1e6,
          pollute_bytes >> 20);

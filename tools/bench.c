@@ -1164,12 +1164,12 @@ static void print_json(const bench *b, const results *r) {
          r->row_floats, o->seed, o->min_time);
   printf("  \"lookup_keys_per_s\": %.0f,\n", r->lookup.per_s);
   printf("  \"lookup_eval_keys_per_s\": %.0f,\n", r->lookup_eval.per_s);
-  printf("  \"lookup_hinted_keys_per_s\": %.0f,\n", r->prepared.per_s);
+  printf("  \"lookup_prepared_keys_per_s\": %.0f,\n", r->prepared.per_s);
   printf("  \"insert_keys_per_s\": %.0f,\n", r->insert.per_s);
   printf("  \"apply_keys_per_s\": %.0f,\n", r->apply.per_s);
   printf("  \"apply_%s_keys_per_s\": %.0f,\n", dynemb_optimizer_name(o->opt_kind),
          r->apply.per_s);
-  printf("  \"apply_hinted_keys_per_s\": %.0f,\n", r->apply_prepared.per_s);
+  printf("  \"apply_prepared_keys_per_s\": %.0f,\n", r->apply_prepared.per_s);
   printf("  \"apply_unique_keys_per_batch\": %.1f,\n",
          r->apply.calls ? (double)r->apply.unique_sum / (double)r->apply.calls
                         : 0.0);
@@ -1178,20 +1178,20 @@ static void print_json(const bench *b, const results *r) {
   printf("  \"gather_prefetch_rows_per_s\": %.0f,\n", r->gpref.per_s);
   printf("  \"gather_hugepages\": %s,\n", o->hugepages ? "true" : "false");
   printf("  \"lookup_vs_gather\": %.3f,\n", r->lookup_vs_gather);
-  printf("  \"lookup_hinted_vs_gather\": %.3f,\n",
+  printf("  \"lookup_prepared_vs_gather\": %.3f,\n",
          r->gather_limit > 0 ? r->prepared.per_s / r->gather_limit : 0.0);
   printf("  \"apply_vs_gather\": %.3f,\n", r->apply_vs_gather);
   if (r->have_adam_limit)
     printf("  \"adam_limit_rows_per_s\": %.0f,\n"
            "  \"apply_vs_adam_limit\": %.3f,\n"
-           "  \"apply_hinted_vs_adam_limit\": %.3f,\n",
+           "  \"apply_prepared_vs_adam_limit\": %.3f,\n",
            r->adam_limit.per_s, r->apply_vs_adam_limit,
            r->adam_limit.per_s > 0 ? r->apply_prepared.per_s / r->adam_limit.per_s
                                    : 0.0);
   else
     printf("  \"adam_limit_rows_per_s\": null,\n"
            "  \"apply_vs_adam_limit\": null,\n"
-           "  \"apply_hinted_vs_adam_limit\": null,\n");
+           "  \"apply_prepared_vs_adam_limit\": null,\n");
   printf("  \"bytes_per_row_overhead\": %.2f,\n", r->overhead);
   if (o->skip_stall) {
     printf("  \"max_stall_ms\": null,\n  \"touch_limit_max_call_ms\": null,\n"
@@ -1227,8 +1227,8 @@ static void print_json(const bench *b, const results *r) {
     snprintf(adam_share, sizeof adam_share, "null");
   printf("  \"cpu_share\": {\"touch\": %.2f, \"stall\": %.2f, \"insert\": %.2f, "
          "\"gather_plain\": %.2f, \"gather_prefetch\": %.2f, \"lookup\": "
-         "%.2f, \"lookup_eval\": %.2f, \"lookup_hinted\": %.2f, \"apply\": "
-         "%.2f, \"apply_hinted\": %.2f, \"adam_limit\": %s},\n",
+         "%.2f, \"lookup_eval\": %.2f, \"lookup_prepared\": %.2f, \"apply\": "
+         "%.2f, \"apply_prepared\": %.2f, \"adam_limit\": %s},\n",
          r->touch.cpu_share, r->stall.cpu_share, r->insert.cpu_share,
          r->gplain.cpu_share,
          r->gpref.cpu_share, r->lookup.cpu_share, r->lookup_eval.cpu_share,
@@ -1311,17 +1311,17 @@ static void print_human(const bench *b, const results *r) {
   printf("  %-28s %16.0f\n", "  gather prefetch (rows/s)", r->gpref.per_s);
   printf("  %-28s %16.0f\n", "lookup train (keys/s)", r->lookup.per_s);
   printf("  %-28s %16.0f\n", "lookup eval (keys/s)", r->lookup_eval.per_s);
-  printf("  %-28s %16.0f\n", "lookup hinted (keys/s)", r->prepared.per_s);
+  printf("  %-28s %16.0f\n", "lookup prepared (keys/s)", r->prepared.per_s);
   printf("  %-28s %16.0f\n", "insert (keys/s)", r->insert.per_s);
   printf("  %-28s %16.0f\n", "apply (keys/s)", r->apply.per_s);
-  printf("  %-28s %16.0f\n", "apply hinted (keys/s)", r->apply_prepared.per_s);
+  printf("  %-28s %16.0f\n", "apply prepared (keys/s)", r->apply_prepared.per_s);
   if (r->have_adam_limit)
     printf("  %-28s %16.0f\n", "adam limit (rows/s)", r->adam_limit.per_s);
   else
     printf("  %-28s %16s\n", "adam limit (rows/s)", "n/a (not adam)");
   printf("  %-28s %16.3f %10s%.1f\n", "lookup_vs_gather", r->lookup_vs_gather,
          ">= ", lookup_target);
-  printf("  %-28s %16.3f\n", "lookup_hinted_vs_gather",
+  printf("  %-28s %16.3f\n", "lookup_prepared_vs_gather",
          r->gather_limit > 0 ? r->prepared.per_s / r->gather_limit : 0.0);
   printf("  %-28s %16.3f %10s\n", "apply_vs_gather", r->apply_vs_gather,
          ">= 0.4");
@@ -1502,20 +1502,20 @@ int dynemb_cmd_bench(int argc, char **argv) {
    * timed) as an input pipeline's dynemb_prepare would. */
   for (int i = 0; i < o->threads; i++) {
     size_t per = b.pool_batches * o->batch;
-    ws[i].tickets = xmalloc(per * sizeof(uint64_t), "row hints");
+    ws[i].tickets = xmalloc(per * sizeof(uint64_t), "tickets");
     int rc = dynemb_prepare(b.table, ws[i].keys, per,
                                   DYNEMB_LOOKUP_TRAIN, 1, ws[i].tickets);
     if (rc) die_engine("dynemb_prepare", rc);
   }
   r.prepared =
-      run_phase(&b, ws, PH_LOOKUP_PREPARED, b.table, 0, "lookup (hinted)");
+      run_phase(&b, ws, PH_LOOKUP_PREPARED, b.table, 0, "lookup (prepared)");
 
   /* 5. Apply. */
   r.apply = run_phase(&b, ws, PH_APPLY, b.table, 0, "apply");
   /* Applies of prepared batches through their row tickets (training's
    * path: the tickets above are still current, nothing was evicted). */
   r.apply_prepared =
-      run_phase(&b, ws, PH_APPLY_PREPARED, b.table, 0, "apply (hinted)");
+      run_phase(&b, ws, PH_APPLY_PREPARED, b.table, 0, "apply (prepared)");
 
   /* 6. Adam limit: the same update at the same positions, with the same
    * gradients, on flat arrays (the gather array and a slot array). */
