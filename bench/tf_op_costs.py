@@ -12,10 +12,10 @@ to a no-op. dynemb's groups are the ones automatic graph modification builds
 (dynemb.graph.rewrite); native's are what tf.nn.embedding_lookup and
 tf.compat.v1.train.AdagradOptimizer run.
 
-  dynemb (pipeline)  prepare_hints    DynembPrepareHints (admission count, insert,
-                                      stamp; where each id's row is)
-  dynemb (step)      lookup_hinted    DynembLookup reading rows where the hints say
-                     apply_hinted     DynembApply (Adagrad) finding rows by hint
+  dynemb (pipeline)  prepare          DynembPrepare (admission count, insert, stamp;
+                                      an admission ticket per id: where its row is)
+  dynemb (step)      lookup_prepared  DynembLookup reading rows through the tickets
+                     apply_prepared   DynembApply (Adagrad) finding rows by ticket
   dynemb (by key)    lookup, apply    the same ops finding rows by key (plain-mode
                                       reads, and the fallback filter's apply)
   native (step)      hash             floormod
@@ -119,15 +119,16 @@ def main(argv=None) -> int:
     now = tf.constant(0, tf.int64)
     ops = dynemb._lib.ops
     lr = tf.constant(0.05)
-    prepared = [rewrite.prepare_hints(t, i, now) for t, i in zip(names, ids)]
-    hints = [tf.compat.v1.placeholder(tf.int64, [n], name=f"hints_{t}")
-             for n, t in zip(sizes, names)]
-    lookups = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, visible=tf.zeros([0], tf.bool),
-                                 hints=tf.zeros([0], tf.int64), table_name=t, is_train=False)
+    prepared = [rewrite.prepare(t, i, now) for t, i in zip(names, ids)]
+    tickets = [tf.compat.v1.placeholder(tf.int64, [n], name=f"tickets_{t}")
+               for n, t in zip(sizes, names)]
+    none = tf.zeros([0], tf.int64)
+    lookups = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, tickets=none, table_name=t,
+                                 is_train=False)
                for t, i, tb in zip(names, ids, tables)]
-    hinted = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, visible=tf.zeros([0], tf.bool),
-                                hints=h, use_hints=True, table_name=t, is_train=False)
-              for t, i, tb, h in zip(names, ids, tables, hints)]
+    lookups_prepared = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, tickets=k,
+                                          use_tickets=True, table_name=t, is_train=False)
+                        for t, i, tb, k in zip(names, ids, tables, tickets)]
 
     native_vars = [tf.compat.v1.get_variable(f"native_{t}", [2**18 if t != "wide" else 2**22, d],
                                              initializer=tf.compat.v1.zeros_initializer())
@@ -135,15 +136,16 @@ def main(argv=None) -> int:
     hashed = [tf.math.floormod(i, v.shape[0]) for i, v in zip(ids, native_vars)]
     native_adagrad = tf.compat.v1.train.AdagradOptimizer(0.05, initial_accumulator_value=0.1)
     groups = {
-        "dynemb.prepare_hints": prepared,
+        "dynemb.prepare": prepared,
         "dynemb.lookup": lookups,
-        "dynemb.lookup_hinted": hinted,
-        "dynemb.apply": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr,
-                                          allowed=tf.zeros([0], tf.int64), table_name=t)
+        "dynemb.lookup_prepared": lookups_prepared,
+        "dynemb.apply": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr, trainable=none,
+                                          tickets=none, table_name=t)
                          for i, g, t in zip(ids, grads, names)],
-        "dynemb.apply_hinted": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr,
-                                                 allowed=h, allowed_are_hints=True, table_name=t)
-                                for i, g, h, t in zip(ids, grads, hints, names)],
+        "dynemb.apply_prepared": [ops.dynemb_apply(keys=i, grads=g, learning_rate=lr,
+                                                   trainable=none, tickets=k, use_tickets=True,
+                                                   table_name=t)
+                                  for i, g, k, t in zip(ids, grads, tickets, names)],
         "native.hash": hashed,
         "native.hash+gather": [tf.nn.embedding_lookup(v, h) for v, h in zip(native_vars, hashed)],
         "native.hash+sparse_adagrad": native_adagrad.apply_gradients(
@@ -157,7 +159,7 @@ def main(argv=None) -> int:
         sess.run(tf.compat.v1.global_variables_initializer())
         for _ in range(max(args.access_threshold, 1)):  # every id gets its row
             for f in feeds:
-                f.update(zip(hints, sess.run(prepared, f)))  # (no eviction: hints stay valid)
+                f.update(zip(tickets, sess.run(prepared, f)))  # (no eviction: places stay valid)
         for name, fetch in [("feed", tf.no_op())] + list(groups.items()):
             for f in feeds[:5]:
                 sess.run(fetch, f)
@@ -175,9 +177,9 @@ def main(argv=None) -> int:
     result = {
         "benchmark": "tf_op_costs", "unit": "CPU ms per batch (27 tables), one thread",
         "dynemb": {
-            "pipeline.prepare_hints": c["dynemb.prepare_hints"],
-            "step.lookup_hinted": c["dynemb.lookup_hinted"],
-            "step.apply_hinted": c["dynemb.apply_hinted"],
+            "pipeline.prepare": c["dynemb.prepare"],
+            "step.lookup_prepared": c["dynemb.lookup_prepared"],
+            "step.apply_prepared": c["dynemb.apply_prepared"],
         },
         "dynemb_by_key": {
             "step.lookup": c["dynemb.lookup"],

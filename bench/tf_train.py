@@ -35,12 +35,12 @@ dense weights):
              engine's per-batch work left out (`make bench-tf` builds it: the
              unchanged kernels linked against the stand-ins of
              bench/engine_left_out.c, which write the outputs -- zero rows,
-             "no row" hints, 0 applied -- without calling the engine; it does
+             "not admitted" tickets, 0 applied -- without calling the engine; it does
              not train). Its CPU ms per step against dynemb's is what the
              engine's own work costs the step (`engine_cpu_ms_per_step`); its
              samples/s against TF native's, `engine_left_out_vs_tf_native`,
              what dynemb's graph (prepared lookups in the input pipeline,
-             hints, applies) would reach with an engine that cost nothing.
+             tickets, applies) would reach with an engine that cost nothing.
              Skipped, with the reason in `engine_left_out_note`, when
              build/bench/engine-left-out/_dynemb_ops.so is missing.
 

@@ -40,8 +40,8 @@ def test_tf_train_json():
 def test_tf_op_costs_json():
     j = _last_json("bench/tf_op_costs.py", "--json", "--batches", "2", "--runs", "2",
                    "--rounds", "1", "--batch-size", "64")
-    for side, keys in (("dynemb", ("pipeline.prepare_hints", "step.lookup_hinted",
-                                   "step.apply_hinted")),
+    for side, keys in (("dynemb", ("pipeline.prepare", "step.lookup_prepared",
+                                   "step.apply_prepared")),
                        ("dynemb_by_key", ("step.lookup", "step.apply")),
                        ("native", ("step.hash", "step.gather", "step.sparse_adagrad"))):
         assert set(keys) <= set(j[side]), side
@@ -62,7 +62,7 @@ def test_step_costs_reads_dumped_ids(tmp_path):
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout.strip().splitlines()[-1])
     assert j["ids_per_batch"] == 52 * 64 and j["tables"] == 27 and j["batches"] == 2
-    assert all(j[k] > 0 for k in ("prepare_hints", "lookup_hinted", "apply_hinted"))
+    assert all(j[k] > 0 for k in ("prepare", "lookup_prepared", "apply_prepared"))
 
 
 # Three steps of one table's sparse training, on the op library that
