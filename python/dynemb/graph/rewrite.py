@@ -160,16 +160,12 @@ def table_evicts(table_name: str) -> bool:
 
 
 def _engine_config(table_name: str) -> _lib.TableConfig:
-    h = _lib.find_table(table_name)
-    if h is None:
-        raise GraphModificationError(f"table '{table_name}' is not registered in this "
+    missing = GraphModificationError(f"table '{table_name}' is not registered in this "
                                      f"process; create it with create_table()")
-    try:
+    with _lib.table_handle(table_name, missing) as h:
         cfg = _lib.TableConfig()
         _lib.clib.dynemb_table_get_config(h, ctypes.byref(cfg))
         return cfg
-    finally:
-        _lib.clib.dynemb_table_release(h)
 
 
 # --------------------------------------------------------------------------
