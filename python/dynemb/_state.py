@@ -7,8 +7,9 @@ mechanism just to reach a registry:
   * what dynemb built in each graph (``graph_state``): tables, anchors,
     lookups, eviction settings;
   * the per-graph records of the two prepared-lookup modes: automatic graph
-    modification (``modification_state``: the rebuilt pipelines' initializers)
-    and FeatureSpec mode (``feature_spec_state``: the guarded ids tensors);
+    modification (``modification_state``: the rebuilt pipelines' initializers),
+    FeatureSpec mode (``feature_spec_state``: the guarded ids tensors) and the
+    apply ops either mode switched to its lookups (``switched_applies``);
   * which table each FeatureSpec feeds (``table_of_feature``);
   * the settings given to ``init()`` (``ConfigInitializer``: mxRec's
     ``mx_rec.util.initialize``), with its run-time knob ``set_threshold``.
@@ -79,6 +80,7 @@ _MODIFICATIONS: "weakref.WeakKeyDictionary[tf.Graph, ModificationState]" = \
     weakref.WeakKeyDictionary()
 _FEATURE_SPECS: "weakref.WeakKeyDictionary[tf.Graph, FeatureSpecState]" = \
     weakref.WeakKeyDictionary()
+_SWITCHED_APPLIES: "weakref.WeakKeyDictionary[tf.Graph, set]" = weakref.WeakKeyDictionary()
 
 
 def _of_graph(states: weakref.WeakKeyDictionary, graph: Optional[tf.Graph],
@@ -116,6 +118,12 @@ def existing_modification_state(graph: tf.Graph) -> Optional[ModificationState]:
 
 def feature_spec_state(graph: tf.Graph) -> FeatureSpecState:
     return _of_graph(_FEATURE_SPECS, graph, FeatureSpecState)
+
+
+def switched_applies(graph: tf.Graph) -> set:
+    """Names of the DynembApply ops of `graph` already switched to prepared
+    lookups (a trainable-keys filter or row hints; dynemb.graph.rewrite)."""
+    return _of_graph(_SWITCHED_APPLIES, graph, set)
 
 
 # Feature name -> table name of the latest FeatureSpec of that name, so that
