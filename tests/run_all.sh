@@ -27,16 +27,20 @@ count() {  # count PASS/FAIL lines of a C test's output; a crash is a failure
   passed=$((passed + p)); failed=$((failed + f))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); fi
 }
+run_counted() {  # LABEL COMMAND...: runs a C test program, counted
+  local out rc
+  echo "== $1"; shift
+  out=$("$@" 2>&1); rc=$?
+  printf '%s\n' "$out" | grep -v '^PASS ' | tail -n 40
+  count "$out" "$rc"
+}
 wanted() { [ -z "$only" ] || [ "$only" = "$1" ]; }  # PROGRAM given: only it
 c_tests() {
-  local t out rc
+  local t
   for t in build/asan/test_* build/tsan/tsan_* build/plain/plain_*; do
     [ -x "$t" ] && wanted "$(basename "$t")" || continue
-    echo "== $t"
-    out=$(ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-          TSAN_OPTIONS=halt_on_error=1 "$t" "$@" 2>&1); rc=$?
-    printf '%s\n' "$out" | grep -v '^PASS ' | tail -n 40
-    count "$out" "$rc"
+    run_counted "$t" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      TSAN_OPTIONS=halt_on_error=1 "$t" "$@"
   done
   if [ -x build/fuzz/fuzz_ckpt ] && wanted fuzz_ckpt; then
     echo "== fuzz_ckpt (20 s)"
@@ -48,12 +52,7 @@ c_tests() {
       tail -n 30 build/fuzz/log.txt; echo "FAIL fuzz_ckpt"; failed=$((failed + 1))
     fi
   fi
-  if wanted install_test; then
-    echo "== tests/install_test.sh"
-    out=$(bash tests/install_test.sh 2>&1); rc=$?
-    printf '%s\n' "$out" | grep -v '^PASS ' | tail -n 40
-    count "$out" "$rc"
-  fi
+  if wanted install_test; then run_counted tests/install_test.sh bash tests/install_test.sh; fi
 }
 pytest_run() {  # LABEL PYTHON [VAR=VALUE...]: one pytest run over tests/py, counted
   local label="$1" py="$2" out rc line p f s; shift 2

@@ -7,13 +7,19 @@ library, so tables created here are the tables the kernels find by name.
 
 Search order for the library: ``$DYNEMB_OPS_LIB``, the installed package
 directory, then ``build/tf/`` of a source checkout (editable installs).
+
+Python code borrows a table's engine handle with
+``with table_handle(name) as h:``, which gives the reference back when the
+block ends. This is the bottom layer of the package: it imports no other
+dynemb module (tests/py/test_layering.py).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Optional
 
 import tensorflow as tf
 
@@ -37,14 +43,6 @@ def _find_library() -> str:
 LIB_PATH = _find_library()
 ops: Any = tf.load_op_library(LIB_PATH)  # registers the kernels
 clib = ctypes.CDLL(LIB_PATH)              # the same library, already loaded
-# The analysis build of `make ops-hollow` (bench/tf_train.py's dynemb_hollow)
-# leaves the engine out of its kernels: say so loudly if it is loaded.
-HOLLOW = hasattr(clib, "dynemb_ops_hollow")
-if HOLLOW:
-    from dynemb.util.log import logger
-    logger.warning("%s is the analysis build of `make ops-hollow`: lookups read zeros "
-                   "and nothing is trained. Use the library of `make ops` (unset "
-                   "DYNEMB_OPS_LIB) for training.", LIB_PATH)
 
 # --- engine constants (include/dynemb.h) ------------------------------------
 OK, EINVAL, ENOMEM, EEXIST, ENOTFOUND, EDIM = 0, 1, 2, 3, 4, 5
@@ -108,6 +106,10 @@ _SIGS = {
     "dynemb_table_get_stats": (None, [_P, ctypes.POINTER(TableStats)]),
     "dynemb_table_size": (ctypes.c_uint64, [_P]),
     "dynemb_table_capacity": (ctypes.c_uint64, [_P]),
+    "dynemb_checkpoint_save": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_P),
+                                              ctypes.c_size_t]),
+    "dynemb_checkpoint_load": (ctypes.c_int, [ctypes.c_char_p, _P, ctypes.c_char_p,
+                                              ctypes.c_uint, ctypes.c_uint32, ctypes.c_uint32]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(clib, _name)
@@ -139,15 +141,36 @@ def find_table(name: str) -> ctypes.c_void_p | None:
     return h
 
 
-def table_stats(name: str) -> dict[str, int]:
-    """The engine's counters for table `name` (see dynemb_table_stats)."""
+_NOT_REGISTERED = object()  # table_handle's default for a missing table
+
+
+@contextlib.contextmanager
+def table_handle(name: str,
+                 missing: Any = _NOT_REGISTERED) -> Iterator[Optional[ctypes.c_void_p]]:
+    """``with table_handle(name) as h:`` a reference to the registered table
+    `name` for the block, released when the block ends (also on errors).
+
+    When no table has that name, raises `missing` (the exception the caller's
+    users should see); by default a DynembError (ENOTFOUND) naming the table.
+    ``missing=None`` yields None instead, for callers that handle it.
+    """
     h = find_table(name)
     if h is None:
-        raise DynembError(ENOTFOUND, "dynemb: table '%s' is not registered in "
-                          "this process; create it with create_table()" % name)
+        if missing is _NOT_REGISTERED:
+            raise DynembError(ENOTFOUND, "dynemb: table '%s' is not registered in this "
+                              "process; create it with create_table()" % name)
+        if missing is not None:
+            raise missing
     try:
+        yield h
+    finally:
+        if h is not None:
+            clib.dynemb_table_release(h)
+
+
+def table_stats(name: str) -> dict[str, int]:
+    """The engine's counters for table `name` (see dynemb_table_stats)."""
+    with table_handle(name) as h:
         s = TableStats()
         clib.dynemb_table_get_stats(h, ctypes.byref(s))
         return {n: int(getattr(s, n)) for n in STATS_FIELDS}
-    finally:
-        clib.dynemb_table_release(h)

@@ -142,10 +142,10 @@ def test_disabled_hook_does_not_evict():
 
 
 def test_wall_clock_table(monkeypatch):
-    # Lookups stamp embedding.wall_time(); EvictHook evicts with its clock.
-    from dynemb.core import embedding
+    # Lookups stamp dynemb.core.lookup.wall_time(); EvictHook evicts with its clock.
+    from dynemb.core import lookup
     wall = tf.compat.v1.placeholder(tf.int64, [], name="wall")
-    monkeypatch.setattr(embedding, "wall_time", lambda: wall)
+    monkeypatch.setattr(lookup, "wall_time", lambda: wall)
     t, ids, _, train = _gs_model({"eviction_threshold": 100, "eviction_clock": "wall"})
     clock = _Clock(0)
     hook = dynemb.EvictHook(evict_enable=True, evict_time_interval=1, clock=clock)

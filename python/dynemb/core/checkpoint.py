@@ -17,29 +17,22 @@ Saver's ``max_to_keep``, and ``Saver.restore`` load them back.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import tensorflow as tf
 
-from dynemb import _lib
+from dynemb import _lib, _state
 
 SUFFIX = ".dynemb"  # <checkpoint prefix>.dynemb: the tiered tables' rows
-
-_lib.clib.dynemb_checkpoint_save.restype = ctypes.c_int
-_lib.clib.dynemb_checkpoint_save.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
-                                             ctypes.c_size_t]
-_lib.clib.dynemb_checkpoint_load.restype = ctypes.c_int
-_lib.clib.dynemb_checkpoint_load.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_char_p,
-                                             ctypes.c_uint, ctypes.c_uint32, ctypes.c_uint32]
 
 
 def _names(tables: Optional[Iterable[Any]]) -> list[str]:
     if tables is None:
-        from dynemb.core.embedding import _HANDLES  # the tables of this process
-        return sorted(_HANDLES)
+        return sorted(_state.HANDLES)  # the tables of this process
     out = []
     for t in tables:
         name = t if isinstance(t, str) else getattr(t, "table_name", None)
@@ -49,18 +42,13 @@ def _names(tables: Optional[Iterable[Any]]) -> list[str]:
     return out
 
 
-def _handles(names: list[str], what: str) -> list[ctypes.c_void_p]:
-    hs = []
-    for name in names:
-        h = _lib.find_table(name)
-        if h is None:
-            for x in hs:
-                _lib.clib.dynemb_table_release(x)
-            raise _lib.DynembError(_lib.ENOTFOUND, "dynemb %s: table '%s' does not exist in "
-                                   "this process; create it with create_table() first"
-                                   % (what, name))
-        hs.append(h)
-    return hs
+@contextlib.contextmanager
+def _handles(names: list[str], what: str) -> Iterator[list[ctypes.c_void_p]]:
+    """References to the tables `names` for the block (all or none)."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(_lib.table_handle(name, _lib.DynembError(
+            _lib.ENOTFOUND, "dynemb %s: table '%s' does not exist in this process; create "
+            "it with create_table() first" % (what, name)))) for name in names]
 
 
 def save_tables(path: str, tables: Optional[Iterable[Any]] = None) -> list[str]:
@@ -69,14 +57,10 @@ def save_tables(path: str, tables: Optional[Iterable[Any]] = None) -> list[str]:
     already holds and that are not saved again are kept). Returns the names
     saved. Raises DynembError naming the table and the cause."""
     names = _names(tables)
-    hs = _handles(names, "save_tables")
-    try:
+    with _handles(names, "save_tables") as hs:
         arr = (ctypes.c_void_p * max(len(hs), 1))(*[h.value for h in hs])
         _lib.check(_lib.clib.dynemb_checkpoint_save(str(path).encode(), arr, len(hs)),
                    "save_tables('%s')" % path)
-    finally:
-        for h in hs:
-            _lib.clib.dynemb_table_release(h)
     return names
 
 
@@ -91,17 +75,13 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
     Returns the names restored."""
     names = _names(tables)
     name_map = dict(name_map or {})
-    hs = _handles(names, "restore_tables")
     flags = _lib.IMPORT_REPLACE | (_lib.IMPORT_EMBEDDING_ONLY if embedding_only else 0)
-    try:
+    with _handles(names, "restore_tables") as hs:
         for name, h in zip(names, hs):
             src = name_map.get(name, name)
             _lib.check(_lib.clib.dynemb_checkpoint_load(str(path).encode(), h, src.encode(),
                                                         flags, 0, 0),
                        "restore_tables('%s')" % path)
-    finally:
-        for h in hs:
-            _lib.clib.dynemb_table_release(h)
     return names
 
 
@@ -110,8 +90,7 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
 # --------------------------------------------------------------------------
 
 def _tiered_tables(graph: tf.Graph) -> list[str]:
-    from dynemb.core.embedding import _STATES  # (no state made for other graphs)
-    st = _STATES.get(graph)
+    st = _state.existing_graph_state(graph)
     return sorted(t.table_name for t in st.tables.values()
                   if t.is_save and t.tiered) if st is not None else []
 

@@ -56,9 +56,10 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import tensorflow as tf
 from tensorflow.python.training import warm_starting_util
 
-from dynemb import _lib
+from dynemb import _lib, _state
 from dynemb.constants.constants import ASCEND_TIMESTAMP
-from dynemb.core import embedding
+from dynemb.core import lookup
+from dynemb.core.tables import EXPORT_FIELDS, EmbeddingTable, op_name
 from dynemb.util.log import logger
 
 # TensorFlow's own warm start (dense variables), kept before patching.
@@ -172,7 +173,7 @@ def _entries(ckpt: Any, vars_to_warm_start: Any, vocab_info: Any,
 def _checkpoint_tables(prefix: str) -> Tuple[Dict[str, Tuple[int, ...]], Set[str]]:
     """Tables saved in a checkpoint: name -> meta (dim, row_floats, optimizer;
     only dim for tables with an SSD tier), and the names of those, whose rows
-    are in <prefix>.dynemb (embedding.TieredTableSaveable)."""
+    are in <prefix>.dynemb (dynemb.core.tables.TieredTableSaveable)."""
     try:
         reader = tf.train.load_checkpoint(prefix)
     except (tf.errors.OpError, ValueError) as e:
@@ -193,8 +194,8 @@ def _checkpoint_tables(prefix: str) -> Tuple[Dict[str, Tuple[int, ...]], Set[str
 # Selection
 # --------------------------------------------------------------------------
 
-def _split_selection(entry: _Entry, tables: Dict[str, embedding.EmbeddingTable],
-                     anchors: Dict[str, embedding.EmbeddingTable]) -> Tuple[List[str], Any]:
+def _split_selection(entry: _Entry, tables: Dict[str, EmbeddingTable],
+                     anchors: Dict[str, EmbeddingTable]) -> Tuple[List[str], Any]:
     """(tables selected, what to pass to TensorFlow for dense variables or None)."""
     spec = entry.vars_to_warm_start
     if spec is None:
@@ -204,7 +205,7 @@ def _split_selection(entry: _Entry, tables: Dict[str, embedding.EmbeddingTable],
     dense_str: List[str] = []
     dense_vars: List[Any] = []
     for item in items:
-        if isinstance(item, embedding.EmbeddingTable):
+        if isinstance(item, EmbeddingTable):
             chosen.append(item.table_name)
         elif isinstance(item, tf.Tensor) and item.name in anchors:
             chosen.append(anchors[item.name].table_name)
@@ -252,7 +253,7 @@ def _split_selection(entry: _Entry, tables: Dict[str, embedding.EmbeddingTable],
     return list(dict.fromkeys(chosen)), dense
 
 
-def _check_in_checkpoint(entry: _Entry, table: embedding.EmbeddingTable, prev: str) -> None:
+def _check_in_checkpoint(entry: _Entry, table: EmbeddingTable, prev: str) -> None:
     if prev not in entry.ckpt_tables:
         renamed = f" (looked up as '{prev}', from var_name_to_prev_var_name)" \
             if prev != table.table_name else ""
@@ -272,22 +273,22 @@ def _check_in_checkpoint(entry: _Entry, table: embedding.EmbeddingTable, prev: s
 # Ops
 # --------------------------------------------------------------------------
 
-def _stamp(table: embedding.EmbeddingTable, graph: tf.Graph) -> Optional[tf.Tensor]:
+def _stamp(table: EmbeddingTable, graph: tf.Graph) -> Optional[tf.Tensor]:
     """Last-access stamp for warm-started rows (None: keep the checkpoint's)."""
     if graph.get_collection(ASCEND_TIMESTAMP):
         return None  # data time: the checkpoint's stamps are in the same unit
-    cfg = embedding.graph_state(graph).evict_configs.get(table.table_name) or {}
+    cfg = _state.graph_state(graph).evict_configs.get(table.table_name) or {}
     if cfg.get("eviction_clock") == "wall":
-        return embedding.wall_time()
+        return lookup.wall_time()  # (a module attribute: tests replace it)
     gs = tf.compat.v1.train.get_global_step(graph)
     if gs is not None and getattr(gs, "initial_value", None) is not None:
         return tf.cast(gs.initial_value, tf.int64)
     return tf.constant(0, tf.int64)
 
 
-def _import_op(table: embedding.EmbeddingTable, src: _TableSource, graph: tf.Graph) -> tf.Operation:
-    names = [f"dynemb/{src.prev_name}/{f}" for f in embedding.EXPORT_FIELDS]
-    scope = embedding._op_name(table.table_name) + "_warm_start"  # pylint: disable=protected-access
+def _import_op(table: EmbeddingTable, src: _TableSource, graph: tf.Graph) -> tf.Operation:
+    names = [f"dynemb/{src.prev_name}/{f}" for f in EXPORT_FIELDS]
+    scope = op_name(table.table_name) + "_warm_start"
     flags = _lib.IMPORT_REPLACE | _lib.IMPORT_EMBEDDING_ONLY | _lib.IMPORT_KEEP_STEPS
     if src.prev_name in src.entry.ckpt_tiered:  # rows in the engine's files, streamed
         with tf.name_scope(scope):
@@ -300,8 +301,8 @@ def _import_op(table: embedding.EmbeddingTable, src: _TableSource, graph: tf.Gra
         with tf.device("/cpu:0"):
             got = tf.raw_ops.RestoreV2(prefix=src.entry.prefix, tensor_names=names,
                                        shape_and_slices=[""] * len(names),
-                                       dtypes=[_FIELD_DTYPES[f] for f in embedding.EXPORT_FIELDS])
-        t = dict(zip(embedding.EXPORT_FIELDS, got))
+                                       dtypes=[_FIELD_DTYPES[f] for f in EXPORT_FIELDS])
+        t = dict(zip(EXPORT_FIELDS, got))
         stamp = _stamp(table, graph)
         last = t["last_access"] if stamp is None else tf.fill(tf.shape(t["keys"]), stamp)
         empty = tf.zeros([0], tf.int64)
@@ -363,7 +364,7 @@ def _build(graph: tf.Graph, ckpt: Any, vars_to_warm_start: Any, vocab_info: Any,
     """Builds the warm start; returns (op doing all of it, whether the table
     imports were chained to a variable's initializer)."""
     entries = _entries(ckpt, vars_to_warm_start, vocab_info, prev_names)
-    st = embedding.graph_state(graph)
+    st = _state.graph_state(graph)
     tables, anchors = dict(st.tables), dict(st.anchors)
     dense_vars = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     before = {id(v): v.initializer for v in dense_vars}
@@ -408,7 +409,7 @@ def _tf_warm_start(ckpt_to_initialize_from: Any, vars_to_warm_start: Any = ".*",
     """tf.compat.v1.train.warm_start with dynemb tables and lists of paths."""
     graph = tf.compat.v1.get_default_graph()
     simple = (not isinstance(ckpt_to_initialize_from, (list, tuple))
-              and not embedding.graph_state(graph).tables)
+              and not _state.graph_state(graph).tables)
     if simple:  # no tables, one path: TensorFlow's own function, untouched
         _TF_WARM_START(ckpt_to_initialize_from, vars_to_warm_start, var_name_to_vocab_info,
                        var_name_to_prev_var_name)

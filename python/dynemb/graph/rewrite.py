@@ -29,20 +29,16 @@ row when any of its occurrences has a hint, finding the row through it
 from __future__ import annotations
 
 import ctypes
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from dynemb import _lib
+from dynemb import _lib, _state
 from dynemb.graph.trace import replay, walk, Trace
 from dynemb.util.log import logger
 
 GUARD_MARK = "dynemb_unmodified_guard"
-
-# Per graph: names of DynembApply ops already given a trainable-keys filter.
-_FILTERED: "weakref.WeakKeyDictionary[tf.Graph, set]" = weakref.WeakKeyDictionary()
 
 
 class GraphModificationError(ValueError):
@@ -160,16 +156,12 @@ def table_evicts(table_name: str) -> bool:
 
 
 def _engine_config(table_name: str) -> _lib.TableConfig:
-    h = _lib.find_table(table_name)
-    if h is None:
-        raise GraphModificationError(f"table '{table_name}' is not registered in this "
+    missing = GraphModificationError(f"table '{table_name}' is not registered in this "
                                      f"process; create it with create_table()")
-    try:
+    with _lib.table_handle(table_name, missing) as h:
         cfg = _lib.TableConfig()
         _lib.clib.dynemb_table_get_config(h, ctypes.byref(cfg))
         return cfg
-    finally:
-        _lib.clib.dynemb_table_release(h)
 
 
 # --------------------------------------------------------------------------
@@ -295,7 +287,7 @@ def hint_apply(plan: HintPlan, hints_of: Dict[str, tf.Tensor]) -> None:
 def _claim(graph: tf.Graph, table_name: str, ops: Sequence[tf.Operation]) -> None:
     """Marks apply ops as switched to prepared lookups; an op switched before
     means lookups of its table were modified twice."""
-    filtered = _FILTERED.setdefault(graph, set())
+    filtered = _state.switched_applies(graph)
     again = [op.name for op in ops if op.name in filtered]
     if again:
         raise GraphModificationError(

@@ -1,6 +1,7 @@
-"""Sparse Adagrad (TF's AdagradOptimizer: accum += g^2; w -= lr g / sqrt(accum))."""
-import math
+"""Sparse Adagrad (TF's AdagradOptimizer: accum += g^2; w -= lr g / sqrt(accum)).
 
+The engine checks the hyper-parameters when a table is created with the
+optimizer (dynemb_table_create names the table, the value and the rule)."""
 from dynemb import _lib
 from dynemb.optimizers.base import SparseOptimizer
 
@@ -11,9 +12,6 @@ class CustomizedAdagrad(SparseOptimizer):
 
     def __init__(self, learning_rate, initial_accumulator_value, use_locking, name):
         super().__init__(learning_rate, use_locking, name)
-        if not (math.isfinite(initial_accumulator_value) and initial_accumulator_value > 0):
-            raise ValueError("%s: initial_accumulator_value must be > 0, got %r"
-                             % (name, initial_accumulator_value))
         self.initial_accumulator_value = float(initial_accumulator_value)
 
     def _hyper(self):

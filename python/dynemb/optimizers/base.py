@@ -13,7 +13,8 @@ from typing import Any, Callable, Iterable, Optional, Union
 import tensorflow as tf
 
 from dynemb import _lib
-from dynemb.core.embedding import unused_input
+from dynemb.core.lookup import unused_input
+from dynemb.core.tables import sparse_variables, table_for_variable
 
 LearningRate = Union[float, tf.Tensor, tf.Variable, Callable[[], Any]]
 
@@ -26,6 +27,9 @@ class SparseOptimizer:
     def __init__(self, learning_rate: LearningRate, use_locking: bool = False,
                  name: str = "SparseOptimizer"):
         del use_locking  # the engine locks rows itself
+        # Checked here, not left to the engine: apply ops pass this rate at
+        # each step, and the engine reads a negative one as "the configured
+        # rate" (a table made without this optimizer never saw it).
         if isinstance(learning_rate, (int, float)) and not (
                 math.isfinite(learning_rate) and learning_rate >= 0):
             raise ValueError("%s: learning_rate must be a finite number >= 0, got %r"
@@ -70,7 +74,6 @@ class SparseOptimizer:
         as TensorFlow does. With global_step, it is incremented after all
         updates.
         """
-        from dynemb.core.embedding import table_for_variable
         applies = []
         with tf.name_scope(name or self._name):
             lr = self._lr_tensor()
@@ -121,7 +124,6 @@ class SparseOptimizer:
     def minimize(self, loss: tf.Tensor, global_step: Optional[Any] = None,
                  var_list: Optional[list] = None, name: Optional[str] = None) -> tf.Operation:
         """apply_gradients(zip(tf.gradients(loss, tables), tables))."""
-        from dynemb.core.embedding import sparse_variables
         var_list = list(var_list) if var_list is not None else sparse_variables()
         grads = tf.gradients(loss, var_list)
         return self.apply_gradients(zip(grads, var_list), global_step, name)

@@ -1,4 +1,7 @@
-"""Sparse FTRL-Proximal (TF's FtrlOptimizer / ApplyFtrlV2 math)."""
+"""Sparse FTRL-Proximal (TF's FtrlOptimizer / ApplyFtrlV2 math).
+
+The engine checks the hyper-parameters' ranges when a table is created with
+the optimizer (dynemb_table_create names the table, the value and the rule)."""
 from dynemb import _lib
 from dynemb.optimizers.base import SparseOptimizer
 
@@ -19,14 +22,6 @@ class CustomizedFtrl(SparseOptimizer):
         known.update(kwargs)
         if known["beta"]:
             raise ValueError("%s: FTRL beta is not supported by dynemb (use 0)" % name)
-        if known["learning_rate_power"] > 0:
-            raise ValueError("%s: learning_rate_power must be <= 0" % name)
-        if known["initial_accumulator_value"] < 0:
-            raise ValueError("%s: initial_accumulator_value must be >= 0" % name)
-        for k in ("l1_regularization_strength", "l2_regularization_strength",
-                  "l2_shrinkage_regularization_strength"):
-            if known[k] < 0:
-                raise ValueError("%s: %s must be >= 0" % (name, k))
         self.learning_rate_power = float(known["learning_rate_power"])
         self.initial_accumulator_value = float(known["initial_accumulator_value"])
         self.l1 = float(known["l1_regularization_strength"])

@@ -1,5 +1,8 @@
 """Lazy Adam: TF's Adam update applied only to the rows in the batch; the
-bias-correction step counts the table's apply calls."""
+bias-correction step counts the table's apply calls.
+
+The engine checks beta1, beta2 and epsilon when a table is created with the
+optimizer (dynemb_table_create names the table, the value and the rule)."""
 from dynemb import _lib
 from dynemb.optimizers.base import SparseOptimizer
 
@@ -10,11 +13,6 @@ class CustomizedLazyAdam(SparseOptimizer):
 
     def __init__(self, learning_rate, beta1, beta2, epsilon, use_locking, name):
         super().__init__(learning_rate, use_locking, name)
-        for k, v in (("beta1", beta1), ("beta2", beta2)):
-            if not 0.0 <= v < 1.0:
-                raise ValueError("%s: %s must be in [0, 1), got %r" % (name, k, v))
-        if not epsilon > 0:
-            raise ValueError("%s: epsilon must be > 0, got %r" % (name, epsilon))
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
 
     def _hyper(self):

@@ -6,7 +6,7 @@ collective (e.g. Horovod) and is refused with a clear error until then.
 """
 import tensorflow as tf
 
-from dynemb.util import initialize
+from dynemb import _state
 
 
 class _HcclOps:
@@ -15,10 +15,10 @@ class _HcclOps:
         del fusion, fusion_id, group
         if reduction not in ("sum", "mean", "max", "min", "prod"):
             raise ValueError("allreduce: unknown reduction %r" % (reduction,))
-        if initialize.get_rank_size() != 1:
+        if _state.get_rank_size() != 1:
             raise NotImplementedError(
                 "dynemb: allreduce across %d workers is not available; run one "
-                "worker (rank_size 1)" % initialize.get_rank_size())
+                "worker (rank_size 1)" % _state.get_rank_size())
         return tf.identity(tensor)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dynemb.core.embedding import sparse_variables
+from dynemb.core.tables import sparse_variables
 
 
 def get_dense_and_sparse_variable() -> tuple[list, list]:

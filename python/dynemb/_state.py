@@ -1,0 +1,278 @@
+"""The process's dynemb state: everything the other modules remember.
+
+Kept below the modules that use it, so that none of them needs another
+mechanism just to reach a registry:
+
+  * the tables this process holds a reference to (``HANDLES``);
+  * what dynemb built in each graph (``graph_state``): tables, anchors,
+    lookups, eviction settings;
+  * the per-graph records of the two prepared-lookup modes: automatic graph
+    modification (``modification_state``: the rebuilt pipelines' initializers),
+    FeatureSpec mode (``feature_spec_state``: the guarded ids tensors) and the
+    apply ops either mode switched to its lookups (``switched_applies``);
+  * which table each FeatureSpec feeds (``table_of_feature``);
+  * the settings given to ``init()`` (``ConfigInitializer``: mxRec's
+    ``mx_rec.util.initialize``), with its run-time knob ``set_threshold``.
+
+One worker per process: ``get_rank_id()`` is 0 and ``get_rank_size()`` 1.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import tensorflow as tf
+
+from dynemb import _lib
+from dynemb.util.log import logger
+
+# --------------------------------------------------------------------------
+# Tables and graphs
+# --------------------------------------------------------------------------
+
+# Tables this process holds a reference to: name -> engine handle.
+HANDLES: dict[str, ctypes.c_void_p] = {}
+
+
+class GraphState:
+    """What dynemb built in one graph."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, Any] = {}   # table name -> EmbeddingTable
+        self.anchors: dict[str, Any] = {}  # anchor tensor name -> EmbeddingTable
+        self.lookups: list[dict[str, Any]] = []
+        self.evict_configs: dict[str, dict[str, Any]] = {}
+
+
+@dataclass
+class ModificationState:
+    """What automatic graph modification did to one graph."""
+    done: set = field(default_factory=set)  # names of rewritten lookup ops
+    initializers: Dict[bool, List[tf.Operation]] = field(
+        default_factory=lambda: {True: [], False: []})
+    one_shot: Dict[bool, bool] = field(default_factory=lambda: {True: False, False: False})
+    # reinitializable iterators with several datasets (get_initializer is ambiguous)
+    several_datasets: List[str] = field(default_factory=list)
+
+
+@dataclass
+class FeatureSpecLookup:
+    """One ``sparse_lookup(table, spec, batch=batch)`` waiting for start_asc_pipeline."""
+    spec: Any            # the FeatureSpec
+    ids: tf.Tensor       # the guarded ids tensor given to sparse_lookup
+    admitted: tf.Tensor  # the row hints (training pipelines) or the admitted mask
+    training: bool       # the insert function was made with is_training=True
+
+
+@dataclass
+class FeatureSpecState:
+    """The FeatureSpec lookups of one graph: by guarded ids tensor name, and
+    the names of the lookup ops already started."""
+    by_ids: Dict[str, FeatureSpecLookup] = field(default_factory=dict)
+    done: set = field(default_factory=set)
+
+
+_GRAPHS: "weakref.WeakKeyDictionary[tf.Graph, GraphState]" = weakref.WeakKeyDictionary()
+_MODIFICATIONS: "weakref.WeakKeyDictionary[tf.Graph, ModificationState]" = \
+    weakref.WeakKeyDictionary()
+_FEATURE_SPECS: "weakref.WeakKeyDictionary[tf.Graph, FeatureSpecState]" = \
+    weakref.WeakKeyDictionary()
+_SWITCHED_APPLIES: "weakref.WeakKeyDictionary[tf.Graph, set]" = weakref.WeakKeyDictionary()
+
+
+def _of_graph(states: weakref.WeakKeyDictionary, graph: Optional[tf.Graph],
+              make: Callable[[], Any]) -> Any:
+    g = graph or tf.compat.v1.get_default_graph()
+    st = states.get(g)
+    if st is None:
+        st = states[g] = make()
+    return st
+
+
+def graph_state(graph: Optional[tf.Graph] = None) -> GraphState:
+    """What dynemb built in `graph` (default: the default graph); created empty."""
+    return _of_graph(_GRAPHS, graph, GraphState)
+
+
+def existing_graph_state(graph: Optional[tf.Graph]) -> Optional[GraphState]:
+    """graph_state(graph) if dynemb built anything in `graph`, else None (no
+    state is made for other graphs)."""
+    return _GRAPHS.get(graph) if graph is not None else None
+
+
+def graphs_with_state() -> List[tf.Graph]:
+    """The live graphs dynemb built something in."""
+    return list(_GRAPHS.keys())
+
+
+def modification_state(graph: tf.Graph) -> ModificationState:
+    return _of_graph(_MODIFICATIONS, graph, ModificationState)
+
+
+def existing_modification_state(graph: tf.Graph) -> Optional[ModificationState]:
+    return _MODIFICATIONS.get(graph)
+
+
+def feature_spec_state(graph: tf.Graph) -> FeatureSpecState:
+    return _of_graph(_FEATURE_SPECS, graph, FeatureSpecState)
+
+
+def switched_applies(graph: tf.Graph) -> set:
+    """Names of the DynembApply ops of `graph` already switched to prepared
+    lookups (a trainable-keys filter or row hints; dynemb.graph.rewrite)."""
+    return _of_graph(_SWITCHED_APPLIES, graph, set)
+
+
+# Feature name -> table name of the latest FeatureSpec of that name, so that
+# set_threshold(ids_name=...) can find the table of a feature.
+TABLE_OF_SPEC: Dict[str, str] = {}
+
+
+def table_of_feature(ids_name: str) -> Optional[str]:
+    """The table that FeatureSpec `ids_name` feeds, or None if no such spec."""
+    return TABLE_OF_SPEC.get(ids_name)
+
+
+def set_access_threshold(threshold: int, emb_name: Optional[str] = None,
+                         ids_name: Optional[str] = None) -> None:
+    """Changes the admission threshold of a table at run time (of every table
+    of this process when neither name is given)."""
+    if ids_name is not None:
+        table = table_of_feature(ids_name)
+        if table is None:
+            raise ValueError("set_threshold(ids_name=%r): no FeatureSpec of that name; pass "
+                             "the name of a FeatureSpec(..., table_name=...) or emb_name"
+                             % ids_name)
+        if emb_name is not None and emb_name != table:
+            raise ValueError("set_threshold(emb_name=%r, ids_name=%r): FeatureSpec %r feeds "
+                             "table %r, not %r" % (emb_name, ids_name, ids_name, table,
+                                                  emb_name))
+        emb_name = table
+    names = [emb_name] if emb_name else sorted(HANDLES)
+    for n in names:
+        with _lib.table_handle(n, ValueError("set_threshold: no table named '%s'" % n)) as h:
+            _lib.check(_lib.clib.dynemb_table_set_access_threshold(h, int(threshold)),
+                       "set_threshold('%s')" % n)
+
+
+# --------------------------------------------------------------------------
+# init() settings (mxRec: mx_rec.util.initialize)
+# --------------------------------------------------------------------------
+
+# mxRec's init() keywords. Keywords outside this set are accepted with a
+# warning (so an mxRec script still runs) and stored.
+_KNOWN = {
+    "use_mpi": False, "train_steps": -1, "eval_steps": -1, "save_steps": -1,
+    "max_steps": -1, "prefetch_batch_number": 1, "use_dynamic": True,
+    "use_hot": True, "use_dynamic_expansion": False, "if_load": False,
+    "rank_id": 0, "rank_size": 1, "seed": None, "bind_cpu": True,
+    "use_lccl": False,
+}
+
+
+class _HostPipelineOps:
+    """Run-time knobs of the host pipeline (mxRec's host_pipeline_ops)."""
+
+    def set_threshold(self, threshold: int, emb_name: Optional[str] = None,
+                      ids_name: Optional[str] = None) -> None:
+        """Changes the admission threshold of table `emb_name` (or of every
+        table fed by FeatureSpec `ids_name`) for later lookups."""
+        set_access_threshold(threshold, emb_name=emb_name, ids_name=ids_name)
+
+
+class ConfigInitializer:
+    """The settings given to init(); a process singleton."""
+    _instance: Optional["ConfigInitializer"] = None
+
+    def __init__(self, **kwargs: Any):
+        self.config = dict(_KNOWN)
+        unknown = sorted(set(kwargs) - set(_KNOWN))
+        if unknown:
+            logger.warning("init(): keywords %s are not used by dynemb (accepted "
+                           "for mxRec compatibility)", unknown)
+        self.config.update(kwargs)
+        size = int(self.config["rank_size"] or 1)
+        if size != 1 or int(self.config["rank_id"] or 0) != 0:
+            raise ValueError(
+                "dynemb.init: rank_id=%r rank_size=%r: this version trains on one "
+                "worker per process group; use rank_id=0, rank_size=1"
+                % (self.config["rank_id"], self.config["rank_size"]))
+        self.host_pipeline_ops = _HostPipelineOps()
+        self.terminate_hooks: list[Callable[[], None]] = []
+
+    @classmethod
+    def get_instance(cls) -> "ConfigInitializer":
+        if cls._instance is None:
+            raise RuntimeError("dynemb: init() has not been called; call "
+                               "dynemb.init(...) before creating tables")
+        return cls._instance
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.config.get(key, default)
+
+
+def init(**kwargs: Any) -> None:
+    """Starts dynemb in this process (mxRec's init). Calling it again
+    replaces the settings; tables already created are kept."""
+    ConfigInitializer._instance = ConfigInitializer(**kwargs)
+    logger.debug("init(%s)", kwargs)
+
+
+def is_initialized() -> bool:
+    return ConfigInitializer._instance is not None
+
+
+def require_init(what: str) -> ConfigInitializer:
+    if ConfigInitializer._instance is None:
+        raise RuntimeError(
+            "dynemb: %s before init(): call dynemb.init(...) (mxRec: "
+            "mx_rec.util.initialize.init) at the start of the script" % what)
+    return ConfigInitializer._instance
+
+
+def terminate_config_initializer() -> None:
+    """Stops dynemb's background work and forgets the settings. Tables stay
+    registered until the process exits (or dynemb.clear_tables())."""
+    inst = ConfigInitializer._instance
+    ConfigInitializer._instance = None
+    if inst is not None:
+        for hook in reversed(inst.terminate_hooks):
+            try:
+                hook()
+            except Exception as e:  # shutdown must not raise
+                logger.warning("terminate: %s", e)
+
+
+terminate = terminate_config_initializer
+atexit.register(terminate_config_initializer)
+
+
+def get_rank_id() -> int:
+    return 0
+
+
+def get_rank_size() -> int:
+    return 1
+
+
+def get_use_dynamic_expansion() -> bool:
+    inst = ConfigInitializer._instance
+    return bool(inst and inst.get("use_dynamic_expansion"))
+
+
+def set_if_load(if_load: bool) -> None:
+    require_init("set_if_load()").config["if_load"] = bool(if_load)
+
+
+def get_if_load() -> bool:
+    inst = ConfigInitializer._instance
+    return bool(inst and inst.get("if_load"))
+
+
+def clear_channel(is_train_channel: bool = False) -> None:
+    """mxRec drains a host->device data channel here; plain-mode lookups
+    have no channel, so there is nothing to drain."""
+    del is_train_channel

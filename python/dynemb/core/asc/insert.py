@@ -1,0 +1,133 @@
+"""get_asc_insert_func: the input-pipeline half of FeatureSpec mode.
+
+Builds the ``Dataset.map`` function of FeatureSpec mode: for each spec it sends
+the batch's ids to the engine with ``DynembPrepare`` (train: admission counting,
+row insertion, last-access stamps; in tf.data's threads, ahead of the step) and
+adds to the batch, under reserved keys, the per-id ``admitted`` mask and row
+hints (see dynemb.graph.rewrite for their meaning).
+
+mxRec's path for it is ``dynemb.core.asc.helper``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Sequence, Union
+
+import tensorflow as tf
+
+from dynemb.core.asc.spec import FeatureSpec, admitted_key, hints_key
+from dynemb.graph import rewrite
+from dynemb.graph.modification import dump_dir
+from dynemb.util.log import logger
+
+
+def _outermost_graph(graph: tf.Graph) -> tf.Graph:
+    while getattr(graph, "outer_graph", None) is not None:
+        graph = graph.outer_graph
+    return graph
+
+
+def _pipeline_clock(specs: Sequence[FeatureSpec], features: Dict[str, Any]) -> tf.Tensor:
+    """Data time if a spec is the timestamp, else the global step (resource
+    variable, read in the pipeline), else 0 when no spec evicts."""
+    stamps = [s for s in specs if s.is_timestamp]
+    if stamps:
+        ts = features[stamps[0].index_key]
+        return tf.reduce_max(tf.cast(ts, tf.int64))
+    evicting = [s.name for s in specs if s.eviction_threshold]
+    gs = tf.compat.v1.train.get_global_step(_outermost_graph(tf.compat.v1.get_default_graph()))
+    if gs is not None and isinstance(gs, tf.Variable) and gs.op.type == "VarHandleOp":
+        return tf.cast(gs.read_value(), tf.int64)
+    if evicting:
+        raise ValueError(
+            f"get_asc_insert_func: FeatureSpec {evicting[0]!r} has an eviction_threshold but "
+            f"the pipeline has no clock; add FeatureSpec('timestamp', is_timestamp=True) for "
+            f"data time, or create the global step (as a resource variable) with "
+            f"tf.compat.v1.train.get_or_create_global_step() before building the dataset")
+    return tf.constant(0, tf.int64)
+
+
+def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec], None] = None,
+                        args_index_list: Any = None, feature_counts: Any = None,
+                        table_names: Any = None, is_training: bool = True,
+                        dump_graph: Union[bool, str] = False, **kwargs: Any) -> Callable:
+    """The function to ``dataset.map`` (after batching) in FeatureSpec mode.
+
+    Elements must be a dict of features, or a tuple whose first item is that dict
+    (e.g. ``(features, label)``); each spec's ids are ``features[spec.index_key]``
+    (int32/int64, any shape). is_training=False (eval pipelines) sends nothing to
+    the engine: every id reads its row if it has one. dump_graph writes the
+    function's graph as text (``$DYNEMB_GRAPH_DUMP_DIR`` or ./dynemb_graph_dump,
+    or the directory given).
+    """
+    if kwargs:
+        raise TypeError(f"get_asc_insert_func: unexpected arguments {sorted(kwargs)}")
+    if tgt_key_specs is None or args_index_list is not None or feature_counts is not None \
+            or table_names is not None:
+        raise NotImplementedError(
+            "get_asc_insert_func: only the tgt_key_specs=[FeatureSpec(...), ...] form is "
+            "supported (not args_index_list/feature_counts/table_names)")
+    specs = [tgt_key_specs] if isinstance(tgt_key_specs, FeatureSpec) else list(tgt_key_specs)
+    for s in specs:
+        if not isinstance(s, FeatureSpec):
+            raise TypeError(f"get_asc_insert_func: tgt_key_specs must hold FeatureSpec "
+                            f"objects, got {type(s).__name__}")
+    names = [s.name for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"get_asc_insert_func: FeatureSpec names must be unique, {dup[0]!r} "
+                         f"is repeated")
+    if sum(s.is_timestamp for s in specs) > 1:
+        raise ValueError("get_asc_insert_func: at most one FeatureSpec may be the timestamp")
+    id_specs = [s for s in specs if not s.is_timestamp]
+    stamp = [s for s in specs if s.is_timestamp]
+    for s in id_specs:  # lookups then know that their table counts data time
+        s.timestamp_key = stamp[0].index_key if stamp else None
+    is_training = bool(is_training)
+
+    def insert_fn(*args: Any) -> Any:
+        data = args[0] if len(args) == 1 else tuple(args)
+        if isinstance(data, dict):
+            features, rest = dict(data), None
+        elif isinstance(data, (tuple, list)) and data and isinstance(data[0], dict):
+            features, rest = dict(data[0]), tuple(data[1:])
+        else:
+            raise TypeError("get_asc_insert_func: dataset elements must be a dict of "
+                            "features or a tuple (features dict, ...), got "
+                            f"{type(data).__name__}")
+        for s in specs:
+            if s.index_key not in features:
+                raise KeyError(f"get_asc_insert_func: FeatureSpec('{s.name}') reads batch key "
+                               f"{s.index_key!r}, which the elements lack (keys: "
+                               f"{sorted(map(str, features))})")
+        now = _pipeline_clock(specs, features) if is_training else None
+        previous: Dict[str, tf.Tensor] = {}
+        for s in id_specs:
+            ids = tf.convert_to_tensor(features[s.index_key])
+            if ids.dtype not in (tf.int32, tf.int64):
+                raise TypeError(f"FeatureSpec('{s.name}'): ids must be int32 or int64, got "
+                                f"{ids.dtype.name}; cast them in the dataset")
+            checks = []
+            if s.batch_size:
+                checks.append(tf.debugging.assert_equal(
+                    tf.shape(ids)[0], s.batch_size,
+                    message=f"FeatureSpec('{s.name}'): batch_size"))
+            if not is_training:
+                features[admitted_key(s.name)] = tf.ones_like(ids, dtype=tf.bool)
+                continue
+            deps = checks + ([previous[s.table_name]] if s.table_name in previous else [])
+            with tf.control_dependencies(deps):  # a table's ids are counted in order
+                hints = rewrite.prepare_hints(s.table_name, ids, now)
+            previous[s.table_name] = hints
+            features[admitted_key(s.name)] = rewrite.admitted_of(hints)
+            features[hints_key(s.name)] = hints  # the step's lookup and apply use them
+        if dump_graph:
+            graph = tf.compat.v1.get_default_graph()
+            path = tf.io.write_graph(graph.as_graph_def(), dump_dir(dump_graph),
+                                     f"asc_insert_{'train' if is_training else 'eval'}.pbtxt")
+            logger.info("get_asc_insert_func: insert function graph written to %s", path)
+        if rest is None:
+            return features
+        return (features,) + rest
+
+    return insert_fn

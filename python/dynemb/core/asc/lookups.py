@@ -1,0 +1,190 @@
+"""FeatureSpec lookups and start_asc_pipeline.
+
+In FeatureSpec mode the input pipeline already sent each batch's ids to the
+engine (get_asc_insert_func, dynemb.core.asc.insert). ``sparse_lookup(table,
+spec, batch=batch)`` gets its ids from here (`lookup_ids`): a guarded copy of
+the spec's batch component, remembered with the batch's prepared components.
+``start_asc_pipeline()``, called once the model and train op are built and
+before the first step, switches every such lookup of the default graph to those
+components, exactly as automatic graph modification does for its lookups
+(dynemb.graph.rewrite): the lookup only reads, ids not admitted as of their
+batch read the default value, and their gradients are dropped.
+
+mxRec's path for start_asc_pipeline is ``dynemb.core.asc.manager``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+
+from dynemb import _lib, _state
+from dynemb.constants.constants import ASCEND_TIMESTAMP
+from dynemb.core.asc.spec import FeatureSpec, admitted_key, hints_key
+from dynemb.core.tables import op_name
+from dynemb.graph import rewrite
+from dynemb.graph.rewrite import GraphModificationError
+from dynemb.util.log import logger
+
+_HOW = ("call dynemb.core.asc.manager.start_asc_pipeline() after building the model and "
+        "train op and before the first session.run (Estimator: GraphModifierHook("
+        "modify_graph=False))")
+
+
+def batch_features(batch: Any, spec: FeatureSpec) -> Dict[str, Any]:
+    """The features dict of a get_next() result (dict, or tuple led by a dict)."""
+    if isinstance(batch, dict):
+        return batch
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], dict):
+        return batch[0]
+    raise ValueError(
+        f"sparse_lookup with FeatureSpec('{spec.name}') needs batch=iterator.get_next() "
+        f"(the dict of features, or a tuple whose first item is that dict), got "
+        f"{type(batch).__name__}")
+
+
+def lookup_ids(spec: FeatureSpec, batch: Any, table: Any) -> tf.Tensor:
+    """The ids tensor a ``sparse_lookup(table, spec, batch=batch)`` looks up.
+
+    Called by sparse_lookup for FeatureSpec input. The returned tensor is
+    registered with the spec's reserved components and guarded: running it
+    fails with a message until start_asc_pipeline() has switched its lookup to
+    the prepared components.
+    """
+    table_name = getattr(table, "table_name", None)
+    if spec.is_timestamp:
+        raise ValueError(f"sparse_lookup: FeatureSpec('{spec.name}') is the timestamp "
+                         f"feature; it has no table to look up")
+    if spec.table_name != table_name:
+        raise ValueError(f"sparse_lookup('{table_name}'): FeatureSpec('{spec.name}') "
+                         f"feeds table '{spec.table_name}', not '{table_name}'")
+    features = batch_features(batch, spec)
+    missing = [k for k in (spec.index_key, admitted_key(spec.name)) if k not in features]
+    if missing:
+        raise ValueError(
+            f"sparse_lookup('{table_name}', FeatureSpec('{spec.name}')): the batch has no "
+            f"{missing[0]!r}; map the dataset with get_asc_insert_func(tgt_key_specs=[...]) "
+            f"including this spec, and pass batch=iterator.get_next()")
+    return register_lookup_ids(spec, features, table)
+
+
+def _set_thresholds(graph: tf.Graph, spec: FeatureSpec) -> None:
+    cfg = spec.access_and_evict_config
+    if cfg is None:
+        return
+    missing = ValueError(f"FeatureSpec('{spec.name}'): table '{spec.table_name}' is not "
+                         f"registered; create it with create_table() first")
+    with _lib.table_handle(spec.table_name, missing) as h:
+        _lib.check(_lib.clib.dynemb_table_set_access_threshold(h, cfg["access_threshold"]),
+                   f"FeatureSpec('{spec.name}')")
+        _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
+            h, ctypes.c_int64(cfg["eviction_threshold"])), f"FeatureSpec('{spec.name}')")
+    # EvictHook reads the graph's eviction settings from here.
+    _state.graph_state(graph).evict_configs[spec.table_name] = dict(
+        cfg, eviction_clock="step")
+
+
+def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any) -> tf.Tensor:
+    """A guarded copy of the spec's ids, remembered with its prepared components."""
+    graph = tf.compat.v1.get_default_graph()
+    raw = tf.convert_to_tensor(features[spec.index_key])
+    if raw.graph is not graph:
+        raise GraphModificationError(
+            f"sparse_lookup('{spec.table_name}', FeatureSpec('{spec.name}')): the batch "
+            f"belongs to another graph than the default graph")
+    hints = features.get(hints_key(spec.name))
+    _set_thresholds(graph, spec)
+    ts_key = getattr(spec, "timestamp_key", None)
+    if ts_key is not None and ts_key in features:
+        # The table counts data time: publish the batch's timestamp where the
+        # rest of dynemb (EvictHook) looks for it.
+        ts = tf.convert_to_tensor(features[ts_key])
+        if all(t is not ts for t in graph.get_collection(ASCEND_TIMESTAMP)):
+            graph.add_to_collection(ASCEND_TIMESTAMP, ts)
+    with graph.name_scope(None), tf.name_scope(rewrite.GUARD_MARK):
+        check = tf.debugging.Assert(
+            tf.constant(False),
+            [f"dynemb: FeatureSpec('{spec.name}') lookups are not started: {_HOW}"])
+    with tf.control_dependencies([check]):
+        ids = tf.identity(raw, name=f"{op_name(spec.name)}_ids")
+    _state.feature_spec_state(graph).by_ids[ids.name] = _state.FeatureSpecLookup(
+        spec=spec, ids=ids,
+        admitted=tf.convert_to_tensor(hints if hints is not None
+                                      else features[admitted_key(spec.name)]),
+        training=hints is not None)
+    return ids
+
+
+def _find(st: _state.FeatureSpecState, ids: tf.Tensor) -> Optional[_state.FeatureSpecLookup]:
+    """The FeatureSpec entry `ids` was derived from (through sparse_lookup's
+    Identity / EnsureShape), if any."""
+    t = ids
+    for _ in range(8):
+        if t.name in st.by_ids:
+            return st.by_ids[t.name]
+        if t.op.type not in ("Identity", "EnsureShape") or not t.op.inputs:
+            return None
+        t = t.op.inputs[0]
+    return None
+
+
+def start_asc_pipeline() -> None:
+    """Switches the default graph's FeatureSpec lookups to their prepared batch
+    components (see the module docstring). Calling it again handles only lookups
+    added since."""
+    graph = tf.compat.v1.get_default_graph()
+    if graph.finalized:
+        raise GraphModificationError(
+            "start_asc_pipeline: the default graph is finalized; call it before creating "
+            "the session (Estimator: GraphModifierHook(modify_graph=False))")
+    st = _state.feature_spec_state(graph)
+    found: List[tuple] = []
+    for r in _state.graph_state(graph).lookups:
+        if r["op"].name in st.done:
+            continue
+        entry = _find(st, r["ids"])
+        if entry is not None:
+            found.append((r, entry))
+    train_tables = {e.spec.table_name for r, e in found if r["is_train"]}
+    for r in _state.graph_state(graph).lookups:
+        t = r["table"].table_name
+        if r["is_train"] and t in train_tables and _find(st, r["ids"]) is None \
+                and not r.get("modify_graph"):
+            raise GraphModificationError(
+                f"table '{t}' has train lookups with FeatureSpec and with an ids tensor "
+                f"(plain lookup '{r['op'].name}'); give all train lookups of a table the "
+                f"same mode")
+    for r, e in found:
+        if r["is_train"] and not e.training:
+            raise GraphModificationError(
+                f"train lookup '{r['op'].name}' reads FeatureSpec('{e.spec.name}') from a "
+                f"pipeline built with get_asc_insert_func(is_training=False); use "
+                f"is_training=True for training pipelines, or sparse_lookup(..., "
+                f"is_train=False)")
+    train: Dict[str, List[tuple]] = {}  # table -> [(lookup op, FeatureSpecLookup)]
+    for r, e in found:
+        rewrite.drop_guard(e.ids.op)
+        if r["is_train"]:
+            rewrite.rewrite_lookup(r["op"], e.admitted, e.spec.table_name, r["table"].dim)
+            train.setdefault(e.spec.table_name, []).append((r["op"], e))
+        st.done.add(r["op"].name)
+    # The apply op reads row hints when it takes exactly these lookups'
+    # gradients (dynemb.graph.rewrite); else the trainable keys filter, whose
+    # keys are then computed in the step from the batch's ids and hints.
+    trainable: Dict[str, List[tf.Tensor]] = {}
+    for table, pairs in train.items():
+        plan = rewrite.plan_hinted_apply(graph, table, [op for op, _ in pairs])
+        if plan is not None:
+            rewrite.hint_apply(plan, {op.name: e.admitted for op, e in pairs})
+            continue
+        with graph.as_default(), graph.name_scope(None), \
+                tf.name_scope(f"dynemb_trainable_{table}"):
+            trainable[table] = [rewrite.trainable_keys(
+                [e.ids for _, e in pairs], [rewrite.admitted_of(e.admitted) for _, e in pairs])]
+    for table, keys in trainable.items():
+        if not rewrite.filter_applies(graph, table, keys):
+            logger.warning("start_asc_pipeline: table '%s' has no apply op yet; build the "
+                           "train op before calling start_asc_pipeline()", table)
+    logger.info("start_asc_pipeline: %d FeatureSpec lookup(s) started", len(found))

@@ -1,0 +1,102 @@
+"""FeatureSpec: one id feature of the batch and the table it feeds.
+
+The explicit alternative to automatic graph modification: the script names each
+id feature of its batches with a FeatureSpec, maps the dataset with
+``get_asc_insert_func(tgt_key_specs=[...])`` (dynemb.core.asc.insert: sends the
+ids to the engine in the input pipeline and adds reserved components to each
+batch) and looks tables up with ``sparse_lookup(table, spec, batch=batch)``;
+``start_asc_pipeline()`` (dynemb.core.asc.lookups) then switches those lookups
+to the prepared components before the first step.
+
+mxRec's path for these is ``dynemb.core.asc.feature_spec``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from dynemb import _state
+
+# Reserved batch keys added by the insert function.
+RESERVED_PREFIX = "__dynemb__"
+
+
+def admitted_key(spec_name: str) -> str:
+    return f"{RESERVED_PREFIX}/{spec_name}/admitted"
+
+
+def hints_key(spec_name: str) -> str:
+    """Row hints of the spec's ids (int64, -1 = not admitted), training pipelines only."""
+    return f"{RESERVED_PREFIX}/{spec_name}/hints"
+
+
+def _nonneg_int(owner: str, field: str, v: Any) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"FeatureSpec('{owner}'): {field} must be an int >= 0 or None, "
+                         f"got {v!r}")
+    return v
+
+
+class FeatureSpec:
+    """One id feature of the batch and the table it feeds.
+
+    name: the feature's name; also its key in the batch dict unless index_key is
+    given. table_name: the dynemb table the ids are looked up in (required except
+    for the timestamp feature). access_threshold / eviction_threshold: the table's
+    admission and eviction settings (as sparse_lookup's access_and_evict_config).
+    is_timestamp: this feature holds the batch's data time in seconds; eviction
+    then counts data time. batch_size: the number of ids per batch, if static
+    (checked at run time when given). faae_coefficient: weight of one occurrence
+    in admission counting; only 1 is supported.
+    """
+
+    def __init__(self, name: str, table_name: Optional[str] = None,
+                 index_key: Optional[Any] = None, access_threshold: Optional[int] = None,
+                 eviction_threshold: Optional[int] = None, is_timestamp: Optional[bool] = None,
+                 batch_size: Optional[int] = None, faae_coefficient: Any = 1, **kwargs: Any):
+        if kwargs:
+            raise TypeError(f"FeatureSpec('{name}'): unexpected arguments {sorted(kwargs)}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"FeatureSpec: name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.index_key = name if index_key is None else index_key
+        self.is_timestamp = bool(is_timestamp)
+        if table_name is None and not self.is_timestamp:
+            raise ValueError(f"FeatureSpec('{name}'): table_name is required (the table "
+                             f"these ids are looked up in)")
+        if self.is_timestamp and (access_threshold or eviction_threshold):
+            raise ValueError(f"FeatureSpec('{name}'): a timestamp feature has no table, so "
+                             f"no access_threshold / eviction_threshold")
+        self.table_name = table_name
+        self.access_threshold = _nonneg_int(name, "access_threshold", access_threshold)
+        self.eviction_threshold = _nonneg_int(name, "eviction_threshold", eviction_threshold)
+        if self.access_threshold is not None and self.access_threshold > 2**32 - 1:
+            raise ValueError(f"FeatureSpec('{name}'): access_threshold must be < 2^32")
+        self.batch_size = _nonneg_int(name, "batch_size", batch_size)
+        if faae_coefficient not in (1, 1.0):
+            raise ValueError(
+                f"FeatureSpec('{name}'): faae_coefficient={faae_coefficient!r} is not "
+                f"supported: the engine counts each occurrence once (faae_coefficient=1)")
+        self.faae_coefficient = 1
+        # Batch key of the timestamp spec of the insert function this spec was
+        # given to (set by get_asc_insert_func), or None.
+        self.timestamp_key: Optional[Any] = None
+        if self.table_name is not None:
+            _state.TABLE_OF_SPEC[name] = self.table_name
+
+    @property
+    def access_and_evict_config(self) -> Optional[Dict[str, int]]:
+        """The spec's thresholds in sparse_lookup's access_and_evict_config form."""
+        if self.access_threshold is None and self.eviction_threshold is None:
+            return None
+        return {"access_threshold": self.access_threshold or 0,
+                "eviction_threshold": self.eviction_threshold or 0}
+
+    def __repr__(self) -> str:
+        return (f"FeatureSpec({self.name!r}, table_name={self.table_name!r}, "
+                f"index_key={self.index_key!r}, access_threshold={self.access_threshold}, "
+                f"eviction_threshold={self.eviction_threshold}, "
+                f"is_timestamp={self.is_timestamp})")
+

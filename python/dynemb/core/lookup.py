@@ -1,0 +1,219 @@
+"""Lookups of dynamic tables, and the gradient that trains them.
+
+``sparse_lookup`` builds one DynembLookup op per call: train lookups insert
+new ids (subject to admission) and stamp their access time, eval lookups only
+read. The op's gradient with respect to the table's anchor is an
+IndexedSlices of the ids and the rows' gradients, which the sparse
+optimizers (dynemb.optimizers) turn into DynembApply ops. Lookups of the two
+prepared modes (``modify_graph=True``, FeatureSpec input) are recorded in the
+graph's state and rewritten later (dynemb.graph.modification,
+dynemb.core.asc.lookups).
+
+mxRec's path for these is ``dynemb.core.embedding``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from dynemb import _lib, _state
+from dynemb.constants.constants import ASCEND_TIMESTAMP
+from dynemb.core.asc.lookups import lookup_ids
+from dynemb.core.asc.spec import FeatureSpec
+from dynemb.core.tables import (EmbeddingTable, no_longer_registered, op_name,
+                                require_graph_mode, set_default_value)
+from dynemb.graph.rewrite import guard_lookup
+
+def unused_input(dtype: tf.DType) -> tf.Tensor:
+    """An empty vector of unknown static length, for op inputs that only a
+    graph rewrite fills in (any 1-D tensor can replace it)."""
+    return tf.compat.v1.placeholder_with_default(tf.zeros([0], dtype), shape=[None])
+
+
+@tf.RegisterGradient("DynembLookup")
+def _lookup_grad(op: tf.Operation, grad: Any) -> list:
+    """d(loss)/d(anchor) as IndexedSlices(values=d(loss)/d(rows), indices=ids)."""
+    keys = tf.reshape(op.inputs[0], [-1])
+    if keys.dtype != tf.int64:
+        keys = tf.cast(keys, tf.int64)
+    # The gradient may not depend on the lookup's output (d sum(x)/dx is a
+    # constant when shapes are static): order it after the lookup, so that
+    # the step's apply never updates a row before the step has read it.
+    with tf.control_dependencies([op.outputs[0]]):
+        values = tf.identity(tf.convert_to_tensor(grad))
+    return [None, None, tf.IndexedSlices(values, keys), None, None]
+
+
+_EVICT_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient",
+               "eviction_clock")
+
+
+def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[dict]:
+    if cfg is None:
+        return None
+    if not isinstance(cfg, dict):
+        raise TypeError("sparse_lookup('%s'): access_and_evict_config must be a dict "
+                        "like {'access_threshold': 2, 'eviction_threshold': 100}"
+                        % table.table_name)
+    bad = sorted(set(cfg) - set(_EVICT_KEYS))
+    if bad:
+        raise ValueError("sparse_lookup('%s'): unknown access_and_evict_config keys %s; "
+                         "known: %s" % (table.table_name, bad, list(_EVICT_KEYS)))
+    out = {"access_threshold": cfg.get("access_threshold", 0),
+           "eviction_threshold": cfg.get("eviction_threshold", 0),
+           "eviction_clock": cfg.get("eviction_clock", "step")}
+    for k in ("access_threshold", "eviction_threshold"):
+        v = out[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (
+                k == "access_threshold" and v > 2**32 - 1):
+            raise ValueError("sparse_lookup('%s'): %s must be an int >= 0, got %r"
+                             % (table.table_name, k, v))
+    if out["eviction_clock"] not in ("step", "wall"):
+        raise ValueError("sparse_lookup('%s'): eviction_clock must be 'step' (global "
+                         "steps) or 'wall' (seconds)" % table.table_name)
+    return out
+
+
+def wall_time() -> tf.Tensor:
+    """The wall clock (int64 seconds) stamped by lookups of 'wall' tables; a
+    module-level function so that tests can replace it here, in
+    dynemb.core.lookup (EvictHook's `clock` is the matching Python side)."""
+    return tf.cast(tf.timestamp(), tf.int64)
+
+
+def _now_tensor(evict_cfg: Optional[dict]) -> tf.Tensor:
+    """The clock stamped on accessed rows: data time (ASCEND_TIMESTAMP),
+    wall seconds, or the global step (0 without one, when not evicting)."""
+    ts = tf.compat.v1.get_collection(ASCEND_TIMESTAMP)
+    if ts:
+        return tf.reduce_max(tf.cast(ts[-1], tf.int64))
+    if evict_cfg and evict_cfg["eviction_clock"] == "wall":
+        return wall_time()
+    gs = tf.compat.v1.train.get_global_step()
+    if gs is None and evict_cfg and evict_cfg["eviction_threshold"]:
+        gs = tf.compat.v1.train.get_or_create_global_step()
+    if gs is None:
+        return tf.constant(0, tf.int64)
+    return tf.cast(tf.identity(gs), tf.int64)
+
+
+def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int] = None,
+                  is_train: bool = True, name: Optional[str] = None,
+                  modify_graph: bool = False, batch: Any = None,
+                  access_and_evict_config: Optional[dict] = None, is_grad: bool = True,
+                  serving_default_value: Any = None, **kwargs: Any) -> tf.Tensor:
+    """Looks up `ids` (int32/int64 tensor of any shape) -> ids.shape + [dim].
+
+    is_train: train lookups insert new ids (subject to admission) and stamp
+    their access time; eval lookups read unknown ids as the default value.
+    send_count: the static number of ids per step (gives a static shape).
+    access_and_evict_config: {'access_threshold': n, 'eviction_threshold': t}
+    (dynemb also takes 'eviction_clock': 'step' (default) or 'wall').
+    is_grad=False: no gradient flows to the table from this lookup.
+    modify_graph=True: the lookup is recorded for automatic graph
+    modification (dynemb.graph.modifier); it fails with a message naming the
+    fix until modify_graph_and_start_emb_cache() or GraphModifierHook ran.
+    Admission order: the pipeline modes count a table's ids in the order of
+    the lookups in the model; plain train lookups of one table that run in
+    parallel count ids they share in TensorFlow's scheduling order.
+    ids may also be a FeatureSpec, with batch=iterator.get_next().
+    """
+    if kwargs:
+        raise TypeError("sparse_lookup: unexpected arguments %s" % sorted(kwargs))
+    if not isinstance(hashtable, EmbeddingTable):
+        raise TypeError("sparse_lookup: hashtable must be a table from create_table(), "
+                        "got %s" % type(hashtable).__name__)
+    tname = hashtable.table_name
+    _state.require_init("sparse_lookup('%s')" % tname)
+    require_graph_mode("sparse_lookup('%s')" % tname)
+    graph = tf.compat.v1.get_default_graph()
+    if hashtable.graph is not graph:
+        raise ValueError("sparse_lookup('%s'): the table was created in another graph; "
+                         "call create_table() again inside this graph (same arguments "
+                         "reuse the table)" % tname)
+    if serving_default_value is not None:
+        set_default_value(hashtable, serving_default_value)
+    if isinstance(ids, FeatureSpec):
+        # Explicit FeatureSpec mode: the spec's ids come from `batch` (the
+        # dataset mapped by get_asc_insert_func); dynemb.core.asc sets the
+        # spec's thresholds and later switches the lookup to its pipeline.
+        ids = lookup_ids(ids, batch, hashtable)
+    ids = tf.convert_to_tensor(ids)
+    if ids.dtype not in (tf.int32, tf.int64):
+        raise TypeError("sparse_lookup('%s'): ids must be int32 or int64, got %s; convert "
+                        "them with tf.cast(ids, tf.int64) (float ids are not exact above "
+                        "2^24)" % (tname, ids.dtype.name))
+    evict_cfg = _check_evict_config(hashtable, access_and_evict_config)
+    st = _state.graph_state(graph)
+    if evict_cfg is not None:
+        prev = st.evict_configs.get(tname)
+        if prev is not None and prev != evict_cfg:
+            raise ValueError("sparse_lookup('%s'): access_and_evict_config %s differs from "
+                             "the one of an earlier lookup of this table (%s); give every "
+                             "lookup of a table the same config" % (tname, evict_cfg, prev))
+        st.evict_configs[tname] = evict_cfg
+        hashtable.access_and_evict_config = evict_cfg
+        with _lib.table_handle(tname, no_longer_registered(tname)) as h:
+            _lib.check(_lib.clib.dynemb_table_set_access_threshold(
+                h, evict_cfg["access_threshold"]), "sparse_lookup('%s')" % tname)
+            _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
+                h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
+    dim = hashtable.dim
+    with tf.name_scope(name or op_name(tname) + "_lookup"):
+        if send_count is not None:
+            ids = _static_ids(ids, int(send_count), tname)
+        now = _now_tensor(evict_cfg)
+        # Plain train lookups of one table that TensorFlow runs in parallel
+        # count shared ids for admission in scheduling order; the pipeline
+        # modes (modify_graph, FeatureSpec) count them in model order.
+        # `visible` is used only when graph modification sets use_visible.
+        emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
+                                     visible=unused_input(tf.bool),
+                                     hints=unused_input(tf.int64),
+                                     table_name=tname, is_train=bool(is_train))
+        emb.set_shape([ids.shape.num_elements(), dim])
+        lookup_op = emb.op
+        if not (is_train and is_grad):
+            emb = tf.stop_gradient(emb)
+        if ids.shape.rank == 1:
+            # A new tensor, so graph modification can mask the op's output
+            # for every consumer (fetches included).
+            out = tf.identity(emb)
+        else:
+            out = tf.reshape(emb, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], 0))
+        out.set_shape(ids.shape.concatenate([dim]))
+    if modify_graph:
+        # Fails at run time until modify_graph_and_start_emb_cache() or
+        # GraphModifierHook rewrites the lookup, instead of silently
+        # training in plain mode.
+        guard_lookup(lookup_op, tname, "with an Estimator, add GraphModifierHook() to the "
+                     "hooks of estimator.train/evaluate/predict (or of the TrainSpec and "
+                     "EvalSpec of train_and_evaluate); in a sess.run script, call "
+                     "modify_graph_and_start_emb_cache() before creating the session")
+    st.lookups.append({"table": hashtable, "ids": ids, "output": out,
+                       "op": lookup_op, "is_train": bool(is_train),
+                       "modify_graph": bool(modify_graph), "send_count": send_count})
+    return out
+
+
+def _static_ids(ids: tf.Tensor, send_count: int, tname: str) -> tf.Tensor:
+    """Gives `ids` a static shape with send_count elements (checked at run time)."""
+    if send_count <= 0:
+        raise ValueError("sparse_lookup('%s'): send_count must be > 0" % tname)
+    shape = ids.shape.as_list() if ids.shape.rank is not None else [None]
+    unknown = [i for i, d in enumerate(shape) if d is None]
+    known = int(math.prod(d for d in shape if d is not None))
+    if not unknown:
+        if known != send_count:
+            raise ValueError("sparse_lookup('%s'): ids have %d elements but send_count is "
+                             "%d" % (tname, known, send_count))
+        return ids
+    if len(unknown) > 1 or send_count % max(known, 1):
+        raise ValueError("sparse_lookup('%s'): cannot give ids of shape %s a static shape "
+                         "with send_count=%d; reshape ids so that only one dimension is "
+                         "unknown" % (tname, ids.shape, send_count))
+    shape[unknown[0]] = send_count // max(known, 1)
+    return tf.ensure_shape(ids, shape)
+

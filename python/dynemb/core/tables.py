@@ -1,0 +1,426 @@
+"""Dynamic embedding tables: creating, reusing, dropping, saving them.
+
+A table lives in the C engine's process registry, keyed by name; it is
+created here (through ctypes) when the graph is built and found by name by
+the kernels when the graph runs. It outlives graphs: Estimator rebuilds the
+graph for train/eval/predict and calls create_table() again with the same
+arguments, which reuses the table. Per graph, each table gets:
+
+  * an "anchor": a scalar float constant fed to every lookup of the table.
+    The kernel ignores it; its gradient (dynemb.core.lookup) is an
+    IndexedSlices whose indices are the int64 ids and values the gradient of
+    the looked-up rows, so ``tf.gradients(loss, sparse_variables)`` works as
+    in mxRec and the sparse optimizer turns it into DynembApply ops;
+  * a SaveableObject in SAVEABLE_OBJECTS, so tf.compat.v1.train.Saver (and
+    Estimator checkpoints) save and restore the table with its optimizer
+    slots and admission state.
+
+mxRec's path for these is ``dynemb.core.embedding``.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import math
+import os
+import re
+import zlib
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.training.saving import saveable_object
+
+from dynemb import _lib, _state
+from dynemb.constants.constants import DYNEMB_SPARSE_VARIABLES
+from dynemb.util.log import logger
+
+EXPORT_FIELDS = ("meta", "keys", "values", "last_access", "cand_keys",
+                 "cand_counts", "cand_last_access", "apply_steps")
+
+
+# --------------------------------------------------------------------------
+# Initializers
+# --------------------------------------------------------------------------
+
+def _initializer_to_engine(init: Any, name: str, scale: float) -> tuple[int, float, float, Optional[int]]:
+    """Maps a TF initializer to (kind, a, b, seed); raises for others."""
+    if init is None:
+        raise ValueError("create_table('%s'): emb_initializer is required, e.g. "
+                         "tf.compat.v1.truncated_normal_initializer(stddev=0.05)" % name)
+    cls = type(init).__name__
+    cfg = init.get_config() if hasattr(init, "get_config") else {}
+    seed = cfg.get("seed")
+    if cls in ("Zeros", "ZerosV2"):
+        return _lib.INIT_ZEROS, 0.0, 0.0, seed
+    if cls in ("Ones", "OnesV2"):
+        return _lib.INIT_CONSTANT, 1.0 * scale, 0.0, seed
+    if cls in ("Constant", "ConstantV2"):
+        v = cfg.get("value", 0)
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            raise ValueError("create_table('%s'): constant_initializer must hold one "
+                             "scalar value for dynamic tables, got %r" % (name, v)) from None
+        return _lib.INIT_CONSTANT, v * scale, 0.0, seed
+    if cls in ("RandomUniform", "RandomUniformV2"):
+        return (_lib.INIT_UNIFORM, float(cfg.get("minval", -0.05)) * scale,
+                float(cfg.get("maxval", 0.05)) * scale, seed)
+    if cls in ("RandomNormal", "RandomNormalV2"):
+        return (_lib.INIT_NORMAL, float(cfg.get("mean", 0.0)) * scale,
+                float(cfg.get("stddev", 0.05)) * scale, seed)
+    if cls in ("TruncatedNormal", "TruncatedNormalV2"):
+        return (_lib.INIT_TRUNCATED_NORMAL, float(cfg.get("mean", 0.0)) * scale,
+                float(cfg.get("stddev", 0.05)) * scale, seed)
+    raise TypeError(
+        "create_table('%s'): emb_initializer %s is not supported for dynamic "
+        "tables; use zeros/ones/constant (scalar)/random_uniform/random_normal/"
+        "truncated_normal initializers" % (name, cls))
+
+
+# --------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------
+
+class EmbeddingTable:
+    """A dynamic embedding table as seen from one graph."""
+
+    def __init__(self, name: str, dim: int, key_dtype: tf.DType, optimizer: Any,
+                 graph: tf.Graph, is_save: bool):
+        self.table_name = name
+        self.name = name
+        self.dim = dim
+        self.emb_size = dim
+        self.scalar_emb_size = dim
+        self.key_dtype = key_dtype
+        self.optimizer = optimizer
+        self.optimizer_list = [optimizer] if optimizer is not None else []
+        self.graph = graph
+        self.is_save = is_save
+        self.access_and_evict_config: Optional[dict[str, Any]] = None
+        self.tiered = False  # has an SSD tier (set by create_table)
+        with graph.as_default(), graph.name_scope(None):
+            self.anchor = tf.constant(0.0, dtype=tf.float32,
+                                      name=op_name(name) + "_dynemb_anchor")
+        # mxRec code reads table.variable; the anchor plays that role.
+        self.variable = self.anchor
+
+    def size(self) -> int:
+        """Rows (admitted ids) in the table now."""
+        return _lib.table_stats(self.table_name)["size"]
+
+    def capacity(self) -> int:
+        """Row slots allocated now."""
+        return _lib.table_stats(self.table_name)["capacity"]
+
+    def stats(self) -> dict[str, int]:
+        """Every engine counter (size, lookups, hits, evicted, ...)."""
+        return _lib.table_stats(self.table_name)
+
+    def stats_op(self) -> tf.Tensor:
+        """A tensor with the counters (order: dynemb._lib.STATS_FIELDS)."""
+        return _lib.ops.dynemb_stats(table_name=self.table_name)
+
+    def evict_op(self, now: Any) -> tf.Tensor:
+        """An op removing rows idle for more than eviction_threshold."""
+        return _lib.ops.dynemb_evict(now=tf.cast(now, tf.int64), table_name=self.table_name)
+
+    def export_op(self) -> Any:
+        """The table's contents as tensors (see EXPORT_FIELDS)."""
+        return _lib.ops.dynemb_export(table_name=self.table_name)
+
+    def __repr__(self) -> str:
+        return "<dynemb table %r dim=%d>" % (self.table_name, self.dim)
+
+
+def require_graph_mode(what: str) -> None:
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "dynemb: %s needs graph mode, as mxRec scripts use it: call "
+            "tf.compat.v1.disable_eager_execution() at the start, or build the model "
+            "inside `with tf.Graph().as_default():` (Estimator does this)" % what)
+
+
+def op_name(name: str) -> str:
+    """`name` as a valid TensorFlow op name (table names may hold any character)."""
+    s = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
+    return s if re.match(r"[A-Za-z0-9.]", s) else "t" + s
+
+
+def _config_fields(c: _lib.TableConfig) -> dict[str, Any]:
+    """Comparable fields of an engine config (run-time knobs excluded)."""
+    o = c.optimizer
+    return {
+        "dim": c.dim,
+        "initializer": (c.init.kind, c.init.a, c.init.b, c.init.seed),
+        "optimizer": (o.kind, o.initial_accumulator_value, o.beta1, o.beta2,
+                      o.epsilon, o.learning_rate_power, o.l1, o.l2, o.l2_shrinkage),
+        "device_vocabulary_size": c.device_vocabulary_size,
+        "host_vocabulary_size": c.host_vocabulary_size,
+        "ssd_vocabulary_size": c.ssd_vocabulary_size,
+        "nonfinite_policy": c.nonfinite_policy,
+    }
+
+
+def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
+                 device_vocabulary_size: int = 1, host_vocabulary_size: int = 0,
+                 ssd_vocabulary_size: int = 0, ssd_data_path: Any = (),
+                 optimizer_list: Optional[list] = None, is_save: bool = True,
+                 init_param: float = 1.0, all2all_gradients_op: Any = "sum_gradients",
+                 value_dtype: Any = tf.float32, shard_num: int = 1,
+                 fusion_optimizer_var: bool = True, hashtable_threshold: int = 0,
+                 mode: Any = None, nonfinite_policy: str = "error") -> EmbeddingTable:
+    """Creates (or, with an identical configuration, reuses) a dynamic table.
+
+    dim: int or tf.TensorShape([dim]). Tables need no preset size: with
+    ``init(use_dynamic_expansion=True)`` or a host/SSD tier
+    (host_vocabulary_size > 0) they grow on demand; a device-only table
+    without dynamic expansion holds at most device_vocabulary_size rows.
+    optimizer_list: [sparse optimizer] -- the row layout (slots) depends on it.
+    nonfinite_policy (dynemb only): 'error' rejects a batch whose gradients
+    hold NaN/Inf, 'skip' drops those ids' updates and counts them.
+    """
+    del all2all_gradients_op, shard_num, fusion_optimizer_var, hashtable_threshold, mode
+    cfg_init = _state.require_init("create_table('%s')" % name)
+    require_graph_mode("create_table('%s')" % name)
+    if nonfinite_policy not in ("error", "skip"):
+        raise ValueError("create_table('%s'): nonfinite_policy must be 'error' (reject a "
+                         "batch with NaN/Inf gradients) or 'skip' (skip those ids)" % name)
+    if not isinstance(name, str) or not name:
+        raise ValueError("create_table: name must be a non-empty string, got %r" % (name,))
+    key_dtype = tf.as_dtype(key_dtype)
+    if key_dtype not in (tf.int32, tf.int64):
+        raise TypeError("create_table('%s'): key_dtype must be tf.int64 or tf.int32, "
+                        "got %s" % (name, key_dtype.name))
+    if tf.as_dtype(value_dtype) != tf.float32:
+        raise TypeError("create_table('%s'): value_dtype must be tf.float32" % name)
+    if isinstance(dim, tf.TensorShape):
+        if dim.rank != 1 or dim[0] is None:
+            raise ValueError("create_table('%s'): dim as tf.TensorShape must be "
+                             "[dim], got %s" % (name, dim))
+        dim = int(dim[0])
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 65536:
+        raise ValueError("create_table('%s'): dim must be an int in [1, 65536], "
+                         "got %r" % (name, dim))
+    if optimizer_list is None:
+        optimizer_list = []
+    if not isinstance(optimizer_list, (list, tuple)):
+        optimizer_list = [optimizer_list]
+    if len(optimizer_list) > 1:
+        raise ValueError("create_table('%s'): one sparse optimizer per table is "
+                         "supported, got %d in optimizer_list" % (name, len(optimizer_list)))
+    opt = optimizer_list[0] if optimizer_list else None
+    if opt is not None and not hasattr(opt, "_engine_optimizer"):
+        raise TypeError("create_table('%s'): optimizer_list must hold a dynemb sparse "
+                        "optimizer (dynemb.optimizers.<kind>.create_hash_optimizer), "
+                        "got %s" % (name, type(opt).__name__))
+    for field, v in (("device_vocabulary_size", device_vocabulary_size),
+                     ("host_vocabulary_size", host_vocabulary_size),
+                     ("ssd_vocabulary_size", ssd_vocabulary_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError("create_table('%s'): %s must be a non-negative int, "
+                             "got %r" % (name, field, v))
+    if not (isinstance(init_param, (int, float)) and math.isfinite(init_param)):
+        raise ValueError("create_table('%s'): init_param must be a finite number" % name)
+
+    graph = tf.compat.v1.get_default_graph()
+    st = _state.graph_state(graph)
+    if name in st.tables:
+        raise ValueError(
+            "create_table: a table named '%s' was already created in this graph; "
+            "reuse the object create_table returned, or pick another name" % name)
+
+    c = _lib.TableConfig()
+    _lib.clib.dynemb_table_config_init(ctypes.byref(c))
+    name_b = name.encode()
+    c.name = name_b
+    c.dim = dim
+    kind, a, b, seed = _initializer_to_engine(emb_initializer, name, float(init_param))
+    c.init.kind, c.init.a, c.init.b = kind, a, b
+    c.init.seed = (int(seed) & (2**64 - 1)) if seed is not None else zlib.crc32(name_b)
+    if opt is not None:
+        opt._engine_optimizer(c.optimizer)
+    c.nonfinite_policy = 0 if nonfinite_policy == "error" else 1
+    # Tiers: there is no device tier in this version, so rows mxRec would keep
+    # in device memory live in host memory too. A device-only table without
+    # dynamic expansion is fixed at device_vocabulary_size rows, as in mxRec;
+    # with a host tier, or dynamic expansion, it grows on demand.
+    if not (_state.get_use_dynamic_expansion() or host_vocabulary_size or ssd_vocabulary_size):
+        c.host_vocabulary_size = device_vocabulary_size
+    ssd_path_b = None
+    if ssd_vocabulary_size:
+        # device + host rows stay in memory, a cache above the SSD tier; the
+        # engine moves the least recently used ones to a file in ssd_data_path
+        # (one directory per table: a list spreads tables over disks).
+        paths = [ssd_data_path] if isinstance(ssd_data_path, str) else list(ssd_data_path or ())
+        if not paths:
+            raise ValueError("create_table('%s'): ssd_vocabulary_size > 0 needs "
+                             "ssd_data_path (a directory, or a list of them)" % name)
+        for path in map(str, paths):
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError as e:
+                raise ValueError("create_table('%s'): ssd_data_path '%s' cannot be created "
+                                 "(%s); pass a writable directory" % (name, path, e)) from None
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise ValueError("create_table('%s'): ssd_data_path '%s' is not writable; pass "
+                                 "a writable directory" % (name, path))
+        memory_rows = device_vocabulary_size + host_vocabulary_size
+        if memory_rows == 0:
+            raise ValueError("create_table('%s'): an SSD tier needs rows in memory above it; "
+                             "set host_vocabulary_size (or device_vocabulary_size) > 0" % name)
+        ssd_path_b = str(paths[zlib.crc32(name_b) % len(paths)]).encode()
+        c.host_vocabulary_size = memory_rows
+        c.ssd_vocabulary_size = ssd_vocabulary_size
+        c.ssd_data_path = ssd_path_b
+    del cfg_init
+
+    with _lib.table_handle(name, missing=None) as existing:
+        if existing is not None:  # the table exists in this process: same config?
+            old = _lib.TableConfig()
+            _lib.clib.dynemb_table_get_config(existing, ctypes.byref(old))
+            want, have = _config_fields(c), _config_fields(old)
+            diff = [k for k in want if want[k] != have[k]]
+            if diff:
+                raise ValueError(
+                    "create_table: table '%s' already exists in this process with a "
+                    "different configuration (%s: existing %s, requested %s); use "
+                    "another name, or drop it first with dynemb.drop_table('%s')"
+                    % (name, diff[0], have[diff[0]], want[diff[0]], name))
+            logger.debug("create_table('%s'): reusing the existing table", name)
+        else:
+            h = ctypes.c_void_p()
+            _lib.check(_lib.clib.dynemb_table_create(ctypes.byref(c), ctypes.byref(h)),
+                       "create_table('%s')" % name)
+            _state.HANDLES[name] = h
+
+    table = EmbeddingTable(name, dim, key_dtype, opt, graph, is_save)
+    table.tiered = bool(ssd_vocabulary_size)
+    st.tables[name] = table
+    st.anchors[table.anchor.name] = table
+    graph.add_to_collection(DYNEMB_SPARSE_VARIABLES, table.anchor)
+    if is_save:
+        # A table with an SSD tier may be larger than memory: the Saver keeps
+        # only a marker of it, its rows go to <checkpoint>.dynemb/ (engine
+        # format, streamed; dynemb.core.checkpoint patches Saver.save/restore).
+        saveable = TieredTableSaveable(table) if table.tiered else TableSaveable(table)
+        graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
+    return table
+
+
+def _release_handles() -> None:
+    """Gives back this process's references to its tables."""
+    for h in _state.HANDLES.values():
+        _lib.clib.dynemb_table_release(h)
+    _state.HANDLES.clear()
+
+
+atexit.register(_release_handles)
+
+
+def drop_table(name: str) -> None:
+    """Removes table `name` from the process (its memory is freed once no
+    running op uses it). Graphs that refer to it fail with a clear error."""
+    h = _state.HANDLES.pop(name, None)
+    if h is not None:
+        _lib.clib.dynemb_table_release(h)
+    _lib.check(_lib.clib.dynemb_table_drop(name.encode()), "drop_table('%s')" % name)
+
+
+def clear_tables() -> None:
+    """Removes every table from the process (tests, notebooks)."""
+    _release_handles()
+    _lib.clib.dynemb_registry_clear()
+
+
+def table_for_variable(var: Any) -> EmbeddingTable:
+    """The table whose sparse variable (anchor) is `var`."""
+    name = getattr(var, "name", None)
+    graph = getattr(var, "graph", None)
+    st = _state.existing_graph_state(graph)
+    if st is None or name not in st.anchors:
+        raise ValueError(
+            "dynemb: %r is not a dynemb sparse variable; pass the sparse variables "
+            "from get_dense_and_sparse_variable() (and dense variables to a TF "
+            "optimizer)" % (name or var,))
+    return st.anchors[name]
+
+
+def set_default_value(table: EmbeddingTable, value: Any) -> None:
+    """serving_default_value: what lookups of `table` return for ids without a
+    row (eval lookups of unknown ids, ids not admitted yet); a scalar or `dim`
+    numbers, known when the graph is built."""
+    tname = table.table_name
+    v = tf.get_static_value(value) if tf.is_tensor(value) else value
+    if v is None:
+        raise ValueError("sparse_lookup('%s'): serving_default_value must be known when "
+                         "the graph is built (a number, a list or a constant tensor)" % tname)
+    arr = np.asarray(v, dtype=np.float32)
+    if arr.ndim == 0:
+        arr = np.full([table.dim], arr, np.float32)
+    arr = arr.reshape(-1)
+    if arr.size != table.dim:
+        raise ValueError("sparse_lookup('%s'): serving_default_value has %d numbers but the "
+                         "table has dim %d; pass a scalar or %d numbers"
+                         % (tname, arr.size, table.dim, table.dim))
+    with _lib.table_handle(tname, no_longer_registered(tname)) as h:
+        buf = (ctypes.c_float * table.dim)(*arr.tolist())
+        _lib.check(_lib.clib.dynemb_table_set_default_value(h, buf),
+                   "sparse_lookup('%s') serving_default_value" % tname)
+
+
+def no_longer_registered(tname: str) -> ValueError:
+    """What sparse_lookup raises when its table was dropped since create_table."""
+    return ValueError("sparse_lookup('%s'): the table is no longer registered "
+                      "(dropped?); create it again" % tname)
+
+
+def sparse_variables(graph: Optional[tf.Graph] = None) -> list:
+    g = graph or tf.compat.v1.get_default_graph()
+    return list(g.get_collection(DYNEMB_SPARSE_VARIABLES))
+
+
+# --------------------------------------------------------------------------
+# Saver integration
+# --------------------------------------------------------------------------
+
+class TableSaveable(saveable_object.SaveableObject):
+    """Saves a table (rows, optimizer slots, admission candidates, Adam's step
+    count) as eight checkpoint tensors ``dynemb/<table>/<field>``; restoring
+    replaces the table's contents."""
+
+    def __init__(self, table: EmbeddingTable):
+        self.table_name = table.table_name
+        with table.graph.as_default(), table.graph.name_scope(None), \
+                tf.name_scope(op_name(table.table_name) + "_dynemb_save"):
+            exported = _lib.ops.dynemb_export(table_name=table.table_name)
+        specs = [saveable_object.SaveSpec(t, "", "dynemb/%s/%s" % (table.table_name, f))
+                 for f, t in zip(EXPORT_FIELDS, exported)]
+        super().__init__(exported[0].op, specs, "dynemb/" + table.table_name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        kw = dict(zip(EXPORT_FIELDS, restored_tensors))
+        return _lib.ops.dynemb_import(table_name=self.table_name,
+                                      flags=_lib.IMPORT_REPLACE, **kw).op
+
+
+class TieredTableSaveable(saveable_object.SaveableObject):
+    """A table with an SSD tier in a Saver checkpoint: one marker tensor
+    ``dynemb/<table>/tiered`` ([dim], for warm start's checks). Its rows go into
+    the directory ``<checkpoint prefix>.dynemb`` when the Saver saves and come
+    back when it restores (dynemb.core.checkpoint), streamed: never all in
+    memory."""
+
+    def __init__(self, table: EmbeddingTable):
+        self.table_name = table.table_name
+        with table.graph.as_default(), table.graph.name_scope(None), \
+                tf.name_scope(op_name(table.table_name) + "_dynemb_save"):
+            marker = tf.constant([table.dim], tf.int64, name="tiered")
+        super().__init__(marker.op, [saveable_object.SaveSpec(
+            marker, "", "dynemb/%s/tiered" % table.table_name)], "dynemb/" + table.table_name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_tensors, restored_shapes
+        return tf.no_op(name=op_name(self.table_name) + "_dynemb_restore")
+
