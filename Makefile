@@ -35,8 +35,11 @@ COMPAT_VENV := .venv-tf219
 COMPAT_LOCK := tf/requirements-tf219.txt
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
-# -MMD -MP: the header lists (see UNLESS_DEPS below).
-BASEFLAGS:= -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -fPIC -fvisibility=hidden -pthread $(WARN) -MMD -MP
+# -MMD -MP: the header lists (see UNLESS_DEPS below). PUBFLAGS is for code
+# that uses the engine through its public header only (the CLI); the
+# engine and its white-box tests also see src/.
+PUBFLAGS := -std=c11 -D_GNU_SOURCE -Iinclude -fPIC -fvisibility=hidden -pthread $(WARN) -MMD -MP
+BASEFLAGS:= $(PUBFLAGS) -Isrc
 CFLAGS   ?= -O2 -g -fno-math-errno -fvect-cost-model=dynamic
 LDLIBS   := -lz -lm -pthread
 
@@ -82,7 +85,7 @@ build/libdynemb.so: $(SHLIB)
 
 build/tools/%.o: tools/%.c $(UNLESS_DEPS)
 	@mkdir -p $(@D)
-	$(CC) $(BASEFLAGS) $(CFLAGS) -Itools -c $< -o $@
+	$(CC) $(PUBFLAGS) $(CFLAGS) -Itools -c $< -o $@
 
 build/dynemb: $(TOOL_OBJ) build/libdynemb.a
 	$(CC) $(TOOL_OBJ) build/libdynemb.a -o $@ $(LDLIBS)

@@ -63,7 +63,7 @@ class FeatureSpecLookup:
     """One ``sparse_lookup(table, spec, batch=batch)`` waiting for start_asc_pipeline."""
     spec: Any            # the FeatureSpec
     ids: tf.Tensor       # the guarded ids tensor given to sparse_lookup
-    admitted: tf.Tensor  # the row hints (training pipelines) or the admitted mask
+    tickets: Optional[tf.Tensor]  # admission tickets (training pipelines) or None
     training: bool       # the insert function was made with is_training=True
 
 
@@ -122,7 +122,7 @@ def feature_spec_state(graph: tf.Graph) -> FeatureSpecState:
 
 def switched_applies(graph: tf.Graph) -> set:
     """Names of the DynembApply ops of `graph` already switched to prepared
-    lookups (a trainable-keys filter or row hints; dynemb.graph.rewrite)."""
+    lookups (a trainable-keys filter or admission tickets; dynemb.graph.rewrite)."""
     return _of_graph(_SWITCHED_APPLIES, graph, set)
 
 

@@ -221,8 +221,6 @@ def test_eviction_after_restore_uses_last_access_from_the_checkpoint(tmp_path):
     assert first + second == straight
 
 
-@pytest.mark.skipif(not hasattr(dynemb._lib.ops, "dynemb_prepare"),
-                    reason="the op library has no DynembPrepare op")
 def test_data_time_eviction_feature_spec_mode():
     from dynemb.core.asc.feature_spec import FeatureSpec
     from dynemb.core.asc.helper import get_asc_insert_func

@@ -67,7 +67,7 @@ def test_step_costs_reads_dumped_ids(tmp_path):
 
 # Three steps of one table's sparse training, on the op library that
 # DYNEMB_OPS_LIB names, through the training path of bench/tf_train.py
-# (ids prepared in the input pipeline, hinted lookup, hinted apply): prints
+# (ids prepared in the input pipeline, prepared lookup, prepared apply): prints
 # the sum of the looked-up rows at each step and the table's rows at the end.
 _TRAIN_ONE_TABLE = """
 import json

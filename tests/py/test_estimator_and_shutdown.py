@@ -81,11 +81,6 @@ from dynemb.core import embedding  # noqa: E402
 from dynemb.graph.modifier import (GraphModifierHook, get_initializer,  # noqa: E402
                                    modify_graph_and_start_emb_cache)
 
-needs_prepare = pytest.mark.skipif(
-    not hasattr(dynemb._lib.ops, "dynemb_prepare"),
-    reason="the op library has no DynembPrepare op (docs/graph-modification.md)")
-
-
 def _drift_data(steps=12, batch=8):
     """Ids drift over time (old ones stop appearing), so eviction has work."""
     rng = np.random.RandomState(3)
@@ -131,7 +126,7 @@ def _sessrun_reference(modify, cfg=None, evict_hook=None):
     return np.array(losses), _export_sorted("cmp_t")
 
 
-@pytest.mark.parametrize("modify", [False, pytest.param(True, marks=needs_prepare)])
+@pytest.mark.parametrize("modify", [False, True])
 def test_estimator_training_equals_sess_run(tmp_path, modify):
     cfg = {"access_threshold": 2}
     ref_losses, ref_table = _sessrun_reference(modify, cfg)
@@ -166,7 +161,6 @@ def test_estimator_with_evict_hook_equals_monitored_training_session(tmp_path):
     assert dynemb._lib.table_stats("cmp_t")["evicted"] == ref_evicted
 
 
-@needs_prepare
 def test_estimator_graph_modifier_hook_with_evict_hook(tmp_path):
     cfg = {"eviction_threshold": 3, "access_threshold": 1}
     est = tf.estimator.Estimator(cmp_model_fn(True, cfg), str(tmp_path))
@@ -181,7 +175,6 @@ def test_estimator_graph_modifier_hook_with_evict_hook(tmp_path):
     assert last_ids <= keys and not (first_ids - last_ids) & keys
 
 
-@needs_prepare
 def test_train_and_evaluate_with_graph_modifier_hook(tmp_path):
     cfg = {"access_threshold": 2}
     # Reference: plain lookups, est.train then est.evaluate.
@@ -204,7 +197,6 @@ def test_train_and_evaluate_with_graph_modifier_hook(tmp_path):
     assert len(preds) == len(_drift_data()[0])
 
 
-@needs_prepare
 @pytest.mark.parametrize("call", ["train", "evaluate", "predict"])
 def test_modify_graph_without_the_hook_is_a_clear_error(tmp_path, call):
     est = tf.estimator.Estimator(cmp_model_fn(True), str(tmp_path))

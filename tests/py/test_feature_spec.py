@@ -10,11 +10,11 @@ import tensorflow as tf
 import dynemb
 from dynemb import _lib
 from dynemb.core import embedding
-from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, hints_key
+from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, tickets_key
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
 from dynemb.graph.rewrite import GraphModificationError
-from test_graph_modify import _export, fs_lookup, needs_prepare
+from test_graph_modify import _export, fs_lookup
 
 
 def _table(name="t", dim=2):
@@ -59,7 +59,7 @@ def test_eval_insert_func_adds_components_without_touching_the_engine():
     ds = ds.map(get_asc_insert_func(tgt_key_specs=[FeatureSpec("user", table_name="t")],
                                     is_training=False))
     feats, label = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
-    assert hints_key("user") not in feats
+    assert tickets_key("user") not in feats
     with tf.compat.v1.Session() as s:
         adm, lab = s.run([feats[admitted_key("user")], label])
     np.testing.assert_array_equal(adm, np.ones([2, 2], bool))
@@ -67,7 +67,6 @@ def test_eval_insert_func_adds_components_without_touching_the_engine():
     assert _lib.table_stats("t")["lookups"] == 0
 
 
-@needs_prepare
 def test_train_insert_func_sends_ids_ahead_with_thresholds_and_timestamps():
     t = _table("t")
     data = {"user": np.array([[5, 5, 6], [6, 7, 5]], np.int64),
@@ -90,11 +89,11 @@ def test_train_insert_func_sends_ids_ahead_with_thresholds_and_timestamps():
     start_asc_pipeline()
     with tf.compat.v1.Session() as s:
         s.run(it.initializer)
-        a1, h1, e1 = s.run([b[admitted_key("user")], b[hints_key("user")], emb])
-        a2, h2 = s.run([b[admitted_key("user")], b[hints_key("user")]])
+        a1, h1, e1 = s.run([b[admitted_key("user")], b[tickets_key("user")], emb])
+        a2, h2 = s.run([b[admitted_key("user")], b[tickets_key("user")]])
     # Batch 1 [5, 5, 6]: 5 admitted at one of its two occurrences.
     assert sorted(a1[0].tolist()) == [False, False, True] and a1[0][2] == 0
-    np.testing.assert_array_equal(h1 != -1, a1)  # row hints where admitted
+    np.testing.assert_array_equal(h1 != -1, a1)  # tickets admit where admitted
     np.testing.assert_array_equal(np.sort(e1[0, :2, 0]), [0, .5])
     # Batch 2 [6, 7, 5]: 6 reaches 2, 7 is new, 5 has a row.
     np.testing.assert_array_equal(a2, [[True, False, True]])

@@ -21,11 +21,6 @@ from dynemb.optimizers import adagrad, ftrl, gradient_descent
 from estimator_models import cmp_model_fn
 from table_export import export_sorted as _export
 
-needs_prepare = pytest.mark.skipif(
-    not hasattr(_lib.ops, "dynemb_prepare"),
-    reason="the op library has no DynembPrepare op (docs/graph-modification.md)")
-
-
 def fs_lookup(table, spec, batch, **kw):
     """sparse_lookup(table, FeatureSpec, batch=...), through the documented
     resolution function when sparse_lookup itself lacks the FeatureSpec hook."""
@@ -175,13 +170,13 @@ def _data():
 
 
 def _apply_modes():
-    """table -> how its DynembApply op filters: "hints", "keys" or "none"."""
+    """table -> how its DynembApply op filters: "tickets", "keys" or "none"."""
     out = {}
     for op in tf.compat.v1.get_default_graph().get_operations():
         if op.type == "DynembApply":
             out[op.get_attr("table_name").decode()] = (
-                "hints" if op.get_attr("allowed_are_hints") else
-                "keys" if op.get_attr("filter_allowed") else "none")
+                "tickets" if op.get_attr("use_tickets") else
+                "keys" if op.get_attr("use_trainable") else "none")
     return out
 
 
@@ -277,7 +272,6 @@ def _wait_stable(counter, timeout=10.0):
         time.sleep(0.2)
 
 
-@needs_prepare
 @pytest.mark.parametrize("one_shot", [False, True])
 def test_three_input_modes_give_the_same_numbers(one_shot):
     ref_losses, ref_tables = _run_mode("plain", one_shot=one_shot)
@@ -293,10 +287,9 @@ def test_three_input_modes_give_the_same_numbers(one_shot):
     assert 0 < len(ref_tables["users"][0]) < len(np.unique(_data()["user"][:8 * BATCH]))
 
 
-@needs_prepare
-def test_apply_takes_row_hints_or_falls_back_to_trainable_keys():
+def test_apply_takes_tickets_or_falls_back_to_trainable_keys():
     """A table whose one apply op takes its lookups' gradients (items: two
-    lookups, TensorFlow concatenates their ids) applies through the row hints;
+    lookups, TensorFlow concatenates their ids) applies through the admission tickets;
     one whose gradient is reordered on the way gets the trainable-keys filter.
     Both train exactly as plain lookups do."""
     ref_losses, ref_tables = _run_mode("plain", reorder_users=True)
@@ -304,7 +297,7 @@ def test_apply_takes_row_hints_or_falls_back_to_trainable_keys():
     for mode in ("modify", "fs"):
         applies.clear()
         losses, tables = _run_mode(mode, reorder_users=True, applies=applies)
-        assert applies == {"users": "keys", "items": "hints"}, mode
+        assert applies == {"users": "keys", "items": "tickets"}, mode
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-6, err_msg=mode)
         for name in ref_tables:
             np.testing.assert_array_equal(tables[name][0], ref_tables[name][0], err_msg=mode)
@@ -313,10 +306,9 @@ def test_apply_takes_row_hints_or_falls_back_to_trainable_keys():
     for mode in ("modify", "fs"):
         applies.clear()
         _run_mode(mode, applies=applies, steps=1)
-        assert applies == {"users": "hints", "items": "hints"}, mode
+        assert applies == {"users": "tickets", "items": "tickets"}, mode
 
 
-@needs_prepare
 def test_admission_is_decided_per_batch_while_the_pipeline_runs_ahead():
     # Hand-computed: threshold 2, constant rows 0.5, SGD lr 0.1, loss = sum(emb).
     ids_np = np.array([[1, 2], [1, 3], [2, 2], [4, 1], [3, 3], [5, 5]], np.int64)
@@ -353,7 +345,6 @@ def test_admission_is_decided_per_batch_while_the_pipeline_runs_ahead():
     np.testing.assert_allclose(values, [[.2, .2], [.3, .3], [.3, .3], [.3, .3]], rtol=1e-6)
 
 
-@needs_prepare
 def test_engine_sees_preprocessed_ids_and_eval_reads_without_inserting(tmp_path):
     data, it, _ = _dict_iterator()
     ev_ds = tf.data.Dataset.from_tensor_slices({"a": data["a"][:4] * 0 + 1000}).batch(4)
@@ -382,7 +373,6 @@ def test_engine_sees_preprocessed_ids_and_eval_reads_without_inserting(tmp_path)
     assert t.size() == len(want)  # eval inserted nothing
 
 
-@needs_prepare
 def test_graph_modifier_hook_with_monitored_session():
     data, it, _ = _dict_iterator()
     t, opt = _table("t")
@@ -410,7 +400,6 @@ def _est_input_fn():
     return tf.compat.v1.data.Dataset.from_tensor_slices(({"ids": ids}, y)).batch(16)
 
 
-@needs_prepare
 def test_estimator_train_evaluate_predict_with_graph_modifier_hook(tmp_path):
     results = {}
     for modify in (False, True):
@@ -429,7 +418,6 @@ def test_estimator_train_evaluate_predict_with_graph_modifier_hook(tmp_path):
     assert 0 < len(t0[0]) < len(np.unique(_est_input_fn_ids()))  # admission left ids out
 
 
-@needs_prepare
 def test_guarded_lookup_fails_clearly_until_modified():
     # sparse_lookup(..., modify_graph=True) guards its op with guard_lookup;
     # the modification removes the guard (train and eval lookups alike).
@@ -455,7 +443,6 @@ def test_guarded_lookup_fails_clearly_until_modified():
     assert v.shape == (4, 2) and e.shape == (4, 2)
 
 
-@needs_prepare
 def test_reinitializable_iterator_with_two_datasets():
     # mxRec's sess.run migration guide: Iterator.from_structure + make_initializer.
     a = tf.data.Dataset.from_tensor_slices({"f": np.arange(8, dtype=np.int64)}).batch(4)
@@ -480,7 +467,6 @@ def test_reinitializable_iterator_with_two_datasets():
     np.testing.assert_array_equal(_export("t")[0], list(range(0, 16, 2)) + [200, 202, 204, 206])
 
 
-@needs_prepare
 def test_static_batch_shapes_are_rewritten():
     # drop_remainder=True gives the ids a static shape: the rewrite must still
     # be able to plug the pipeline's flags into the lookup and apply ops.

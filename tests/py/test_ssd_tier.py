@@ -22,11 +22,6 @@ from table_export import export_sorted as _export
 
 N, BATCH, STEPS = 240, 12, 20
 
-needs_prepare = pytest.mark.skipif(
-    not hasattr(_lib.ops, "dynemb_prepare"),
-    reason="the op library has no DynembPrepare op (docs/graph-modification.md)")
-
-
 def _train(ssd_dir, make_opt):
     """Losses, the exported table and its stats after STEPS steps; with
     ssd_dir, the table keeps 8 rows in memory (device 4 + host 4)."""
@@ -58,7 +53,6 @@ def _train(ssd_dir, make_opt):
     return np.array(losses), _export("users"), t.stats()
 
 
-@needs_prepare
 @pytest.mark.parametrize("make_opt", [
     lambda: adagrad.create_hash_optimizer(learning_rate=0.2),
     lambda: lazy_adam.create_hash_optimizer(learning_rate=0.05)], ids=["adagrad", "adam"])

@@ -30,6 +30,7 @@ import tensorflow as tf
 from dynemb import _state
 from dynemb.constants.constants import ASCEND_TIMESTAMP
 from dynemb.core.tables import op_name
+from dynemb.graph.rewrite import input_of
 from dynemb.util.log import logger
 
 
@@ -139,7 +140,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
 def _latest_data_time(lookup_op: tf.Operation, table_name: str) -> tf.Tensor:
     """A local variable holding the largest clock value `lookup_op` has stamped
     (its `now` input), updated whenever the lookup runs; returns its value."""
-    now = lookup_op.inputs[1]
+    now = input_of(lookup_op, "now")
     scope = op_name(table_name) + "_data_time"
     with tf.compat.v1.variable_scope(None, default_name=scope):
         latest = tf.compat.v1.get_variable(

@@ -24,7 +24,7 @@ from dynemb.core.asc.lookups import lookup_ids
 from dynemb.core.asc.spec import FeatureSpec
 from dynemb.core.tables import (EmbeddingTable, no_longer_registered, op_name,
                                 require_graph_mode, set_default_value)
-from dynemb.graph.rewrite import guard_lookup
+from dynemb.graph.rewrite import guard_lookup, input_of
 
 def unused_input(dtype: tf.DType) -> tf.Tensor:
     """An empty vector of unknown static length, for op inputs that only a
@@ -35,7 +35,7 @@ def unused_input(dtype: tf.DType) -> tf.Tensor:
 @tf.RegisterGradient("DynembLookup")
 def _lookup_grad(op: tf.Operation, grad: Any) -> list:
     """d(loss)/d(anchor) as IndexedSlices(values=d(loss)/d(rows), indices=ids)."""
-    keys = tf.reshape(op.inputs[0], [-1])
+    keys = tf.reshape(input_of(op, "ids"), [-1])
     if keys.dtype != tf.int64:
         keys = tf.cast(keys, tf.int64)
     # The gradient may not depend on the lookup's output (d sum(x)/dx is a
@@ -43,7 +43,10 @@ def _lookup_grad(op: tf.Operation, grad: Any) -> list:
     # the step's apply never updates a row before the step has read it.
     with tf.control_dependencies([op.outputs[0]]):
         values = tf.identity(tf.convert_to_tensor(grad))
-    return [None, None, tf.IndexedSlices(values, keys), None, None]
+    grads: list = [None] * len(op.inputs)
+    grads[[a.name for a in op.op_def.input_arg].index("anchor")] = \
+        tf.IndexedSlices(values, keys)
+    return grads
 
 
 _EVICT_KEYS = ("access_threshold", "eviction_threshold", "faae_coefficient",
@@ -168,10 +171,9 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         # Plain train lookups of one table that TensorFlow runs in parallel
         # count shared ids for admission in scheduling order; the pipeline
         # modes (modify_graph, FeatureSpec) count them in model order.
-        # `visible` is used only when graph modification sets use_visible.
+        # `tickets` is used only when a pipeline mode sets use_tickets.
         emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
-                                     visible=unused_input(tf.bool),
-                                     hints=unused_input(tf.int64),
+                                     tickets=unused_input(tf.int64),
                                      table_name=tname, is_train=bool(is_train))
         emb.set_shape([ids.shape.num_elements(), dim])
         lookup_op = emb.op

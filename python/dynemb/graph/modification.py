@@ -11,14 +11,14 @@ with an Estimator):
 2. rebuilds each train iterator's pipeline as ``dataset.map(prepare).prefetch(2)``
    where ``prepare`` recomputes those ids and sends them to the engine
    (``DynembPrepare``: admission counting, row insertion, last-access stamps) in
-   tf.data's threads, ahead of the step, and appends the per-id row hints
-   (``DynembPrepareHints``: where each id's row is, -1 where not admitted) to
-   the element (dynemb.graph.pipeline), plus the batch's trainable keys for
-   tables whose apply op is not a plain function of their lookups' gradients;
+   tf.data's threads, ahead of the step, and appends the per-id admission
+   tickets (-1 where not admitted, else where the id's row is) to the element
+   (dynemb.graph.pipeline), plus the batch's trainable keys for tables whose
+   apply op is not a plain function of their lookups' gradients;
 3. rewires the graph: every consumer of the old ``get_next`` reads the new one,
-   lookups become read-only and read rows where the hints say, apply ops drop
+   lookups become read-only and read rows through the tickets, apply ops drop
    gradients of ids that were not admitted as of their batch and find rows
-   through the hints too (dynemb.graph.rewrite).
+   through the tickets too (dynemb.graph.rewrite).
 
 ``get_initializer(True/False)`` then returns the train/eval pipelines'
 initializers; running the iterator's own initializer works too (it is chained).
@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import tensorflow as tf
 
-from dynemb import _lib, _state
+from dynemb import _state
 from dynemb.core.asc.lookups import start_asc_pipeline
 from dynemb.graph import rewrite
 from dynemb.graph.pipeline import PipelineError, extend_iterator
@@ -159,23 +159,21 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         for lk in group:
             if lk.is_train and (name, lk.table_name) not in clocks:
                 clocks[(name, lk.table_name)] = rewrite.pipeline_now(
-                    lk.op.inputs[1], lk.trace.get_next, lk.table_name,
+                    rewrite.input_of(lk.op, "now"), lk.trace.get_next, lk.table_name,
                     rewrite.table_evicts(lk.table_name))
-    if any(lk.is_train for lk in lookups) and not hasattr(_lib.ops, "dynemb_prepare"):
-        raise GraphModificationError("modify_graph_and_start_emb_cache: " + rewrite.NEEDS_PREPARE)
 
     # Tables whose one apply op takes exactly their lookups' gradients get the
-    # lookups' row hints; the others a trainable-keys filter (dynemb.graph.rewrite).
+    # lookups' tickets; the others a trainable-keys filter (dynemb.graph.rewrite).
     train_ops: "OrderedDict[str, List[tf.Operation]]" = OrderedDict()
     for lk in lookups:
         if lk.is_train:
             train_ops.setdefault(lk.table_name, []).append(lk.op)
-    plans = {t: rewrite.plan_hinted_apply(graph, t, ops) for t, ops in train_ops.items()}
+    plans = {t: rewrite.plan_ticket_apply(graph, t, ops) for t, ops in train_ops.items()}
 
     # 2. Rebuild the pipelines and rewrite the lookups.
     st = _state.modification_state(graph)
     trainable: Dict[str, List[tf.Tensor]] = {}
-    hints_of: Dict[str, tf.Tensor] = {}
+    tickets_of: Dict[str, tf.Tensor] = {}
     for name, group in groups.items():
         train = [lk for lk in group if lk.is_train]
         get_next = group[0].trace.get_next
@@ -184,15 +182,15 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         else:
             need_keys = {lk.table_name for lk in train if plans[lk.table_name] is None}
             _rebuild(st, graph, name, get_next, train, clocks, prefetch, need_keys,
-                     trainable, hints_of)
+                     trainable, tickets_of)
         for lk in group:
             rewrite.drop_guard(lk.op)  # eval lookups keep reading in place
             st.done.add(lk.op.name)
     for table, plan in plans.items():
         if plan is not None:
-            rewrite.hint_apply(plan, hints_of)
-            logger.info("automatic graph modification: table '%s' applies through row "
-                        "hints", table)
+            rewrite.ticket_apply(plan, tickets_of)
+            logger.info("automatic graph modification: table '%s' applies through "
+                        "admission tickets", table)
     for table, keys in trainable.items():
         n = rewrite.filter_applies(graph, table, keys)
         if not n:
@@ -228,14 +226,15 @@ def _register_unchanged(st: _state.ModificationState, get_next: tf.Operation) ->
 
 def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next: tf.Operation,
              train: List[_Lookup], clocks: Dict, prefetch: int, need_keys: set,
-             trainable: Dict[str, List[tf.Tensor]], hints_of: Dict[str, tf.Tensor]) -> None:
+             trainable: Dict[str, List[tf.Tensor]], tickets_of: Dict[str, tf.Tensor]) -> None:
     """Rebuilds one iterator's pipeline; fills `trainable` (table -> trainable
-    keys, for the tables in `need_keys`) and `hints_of` (lookup op -> hints)."""
+    keys, for the tables in `need_keys`) and `tickets_of` (lookup op -> its
+    admission tickets)."""
     tables = list(OrderedDict((lk.table_name, None) for lk in train))
     key_tables = [t for t in tables if t in need_keys]
 
     def extra_fn(components: List[tf.Tensor]) -> List[tf.Tensor]:
-        admitted, per_table_ids, per_table_adm = [], {t: [] for t in tables}, \
+        tickets, per_table_ids, per_table_adm = [], {t: [] for t in tables}, \
             {t: [] for t in tables}
         previous: Dict[str, tf.Tensor] = {}
         nows = {t: clocks[(name, t)](components) for t in tables}
@@ -243,25 +242,25 @@ def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next:
             ids = replay(lk.trace, components)
             deps = [previous[lk.table_name]] if lk.table_name in previous else []
             with tf.control_dependencies(deps):  # a table's ids are counted in order
-                hints = rewrite.prepare_hints(lk.table_name, ids, nows[lk.table_name])
-            previous[lk.table_name] = hints
-            admitted.append(hints)  # the lookup reads rows where the hints say
+                tk = rewrite.prepare(lk.table_name, ids, nows[lk.table_name])
+            previous[lk.table_name] = tk
+            tickets.append(tk)  # the lookup reads its rows through them
             if lk.table_name in need_keys:
                 per_table_ids[lk.table_name].append(ids)
-                per_table_adm[lk.table_name].append(rewrite.admitted_of(hints))
+                per_table_adm[lk.table_name].append(rewrite.admitted_of(tk))
         keys = [rewrite.trainable_keys(per_table_ids[t], per_table_adm[t])
                 for t in key_tables]
-        return admitted + keys
+        return tickets + keys
 
     try:
         ext = extend_iterator(get_next, extra_fn, prefetch=prefetch,
                               name="dynemb_pipeline_" + get_next.name.replace("/", "_"))
     except PipelineError as e:
         raise GraphModificationError(str(e)) from None
-    admitted, keys = ext.extras[:len(train)], ext.extras[len(train):]
-    for lk, adm in zip(train, admitted):
-        rewrite.rewrite_lookup(lk.op, adm, lk.table_name, lk.table.dim)
-        hints_of[lk.op.name] = adm
+    tickets, keys = ext.extras[:len(train)], ext.extras[len(train):]
+    for lk, tk in zip(train, tickets):
+        rewrite.rewrite_lookup(lk.op, tk, lk.table_name, lk.table.dim)
+        tickets_of[lk.op.name] = tk
     for t, k in zip(key_tables, keys):
         trainable.setdefault(t, []).append(k)
     if ext.one_shot:

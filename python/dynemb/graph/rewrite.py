@@ -5,25 +5,26 @@ In plain mode a train lookup does everything at step time: it counts admission
 candidates, inserts admitted ids, stamps last access and returns rows. In the
 prepared modes the input pipeline has already done the table-side part for the
 batch with the ``DynembPrepare`` op (in tf.data's threads, possibly several
-batches ahead) and delivers, next to the batch:
+batches ahead) and delivers, next to the batch, one *admission ticket* per id
+(int64): -1 where a plain lookup at this point would have returned the default
+value (not admitted), else where the id's row was.
 
-* ``admitted`` (bool, one per id): would a plain lookup at this point have
-  returned the id's row (True) or the default value (False)?
-* the batch's *trainable keys* (sorted int64): ids that have a row once the
-  whole batch is counted, i.e. whose gradients a plain step would apply.
+A ticket is binding. At step time the lookup only reads (``is_train`` off:
+nothing is counted twice) and returns the default value where the ticket says
+"not admitted", although a later batch, prepared since, may have admitted the
+id; the table's apply op trains an id only when one of its occurrences was
+admitted. Rows that the pipeline created for *later* batches therefore neither
+show through nor get trained early, which is what makes the three input modes
+give the same numbers.
 
-At step time the lookup then only reads (``is_train`` off: nothing is counted
-twice), returns the default value where ``admitted`` is False, and the table's
-apply op drops gradient rows of ids outside the trainable keys. Rows that the
-pipeline created for *later* batches therefore neither show through nor get
-trained early, which is what makes the three input modes give the same numbers.
+When a table's one apply op takes exactly the gradients of its prepared lookups
+(the usual case; see ``plan_ticket_apply``) the apply op gets the tickets in
+the order of its keys and finds the rows through them
+(``dynemb_apply_prepared``). Otherwise it gets the batch's *trainable keys*
+(the ids admitted somewhere in the batch, ``trainable_keys``) and drops the
+gradient rows of other ids (``dynemb_apply_filtered``): the same ids.
 
-With row hints (``DynembPrepareHints``: int64, -1 where not admitted) the
-trainable keys are not needed when a table's one apply op takes exactly the
-gradients of its prepared lookups (the usual case; see ``plan_hinted_apply``):
-the apply op then gets the hints in the order of its keys and updates an id's
-row when any of its occurrences has a hint, finding the row through it
-(``dynemb_apply_hinted``) -- the same ids as the trainable-keys filter.
+Inputs of the dynemb ops are set by name (``set_input``), never by position.
 """
 
 from __future__ import annotations
@@ -45,41 +46,40 @@ class GraphModificationError(ValueError):
     """The graph cannot be modified as asked; the message says why and the fix."""
 
 
-NEEDS_PREPARE = (
-    "this build of the dynemb op library has no DynembPrepare op, which the input "
-    "pipeline needs to send a batch's ids to the engine ahead of the step (automatic "
-    "graph modification and FeatureSpec mode); rebuild dynemb from a source tree that "
-    "has it (see docs/graph-modification.md), or use plain lookups (modify_graph=False, "
-    "ids tensors instead of FeatureSpecs)")
+def _input_index(op: tf.Operation, name: str) -> int:
+    names = [arg.name for arg in op.op_def.input_arg]
+    if name not in names:
+        raise GraphModificationError(f"'{op.name}' is a {op.type} op without an input "
+                                     f"'{name}' (it has {', '.join(names)}); rebuild the "
+                                     f"graph with this version of dynemb")
+    return names.index(name)
 
 
-def _prepare_op(op_name: str, table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-    op = getattr(_lib.ops, op_name, None)
-    if op is None:
-        raise GraphModificationError(NEEDS_PREPARE)
+def input_of(op: tf.Operation, name: str) -> tf.Tensor:
+    """The input called `name` (in the op's definition) of `op`."""
+    return op.inputs[_input_index(op, name)]
+
+
+def set_input(op: tf.Operation, name: str, tensor: tf.Tensor) -> None:
+    """Rewires the input called `name` (in the op's definition) of `op`."""
+    op._update_input(_input_index(op, name), tensor)  # pylint: disable=protected-access
+
+
+def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+    """Train-mode table work for `ids` (any shape) ahead of the step; returns the
+    admission tickets (int64, same shape; -1 where not admitted)."""
     if ids.dtype not in (tf.int32, tf.int64):
         raise GraphModificationError(
             f"table '{table_name}': ids must be int32 or int64, got {ids.dtype.name}")
-    out = op(ids=ids, now=tf.cast(now, tf.int64), table_name=table_name, is_train=True)
+    out = _lib.ops.dynemb_prepare(ids=ids, now=tf.cast(now, tf.int64),
+                                  table_name=table_name, is_train=True)
     out.set_shape(ids.shape)
     return out
 
 
-def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-    """Train-mode table work for `ids` (any shape); returns `admitted` (same shape)."""
-    return _prepare_op("dynemb_prepare", table_name, ids, now)
-
-
-def prepare_hints(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-    """`prepare`, returning int64 row hints (same shape; -1 where `admitted` would
-    be False): the step's lookup then copies the rows from where the pipeline found
-    them, without probing the table's index (dynemb_lookup_hinted)."""
-    return _prepare_op("dynemb_prepare_hints", table_name, ids, now)
-
-
-def admitted_of(hints: tf.Tensor) -> tf.Tensor:
-    """The `admitted` flags that row hints stand for."""
-    return tf.not_equal(hints, tf.constant(-1, tf.int64))
+def admitted_of(tickets: tf.Tensor) -> tf.Tensor:
+    """Which ids the admission tickets admit (bool, same shape)."""
+    return tf.not_equal(tickets, tf.constant(-1, tf.int64))
 
 
 def trainable_keys(ids: Sequence[tf.Tensor], admitted: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -192,30 +192,26 @@ def drop_guard(op: tf.Operation) -> None:
             op._add_control_inputs(keep)  # pylint: disable=protected-access
 
 
-def rewrite_lookup(lookup_op: tf.Operation, admitted: tf.Tensor, table_name: str,
+def rewrite_lookup(lookup_op: tf.Operation, tickets: tf.Tensor, table_name: str,
                    dim: int) -> tf.Tensor:
-    """Makes a DynembLookup read-only and hide the ids that `admitted` (one flag
-    per id, any shape) marks as not admitted as of the lookup's own batch: they
-    read the table's default value (dynemb_lookup_visible), even if a later
-    batch, prepared ahead, admitted them since. `admitted` may also be the int64
-    row hints of `prepare_hints` (-1: not admitted); the lookup then copies rows
-    from the hinted places (dynemb_lookup_hinted). The lookup's gradient still
-    reaches the table; the apply filter drops what a plain step would drop.
-    Returns the lookup's output."""
+    """Makes a DynembLookup read-only and read its rows through `tickets` (the
+    admission tickets of its ids, any shape): ids not admitted as of the
+    lookup's own batch read the table's default value, even if a later batch,
+    prepared ahead, admitted them since (dynemb_lookup_prepared). The lookup's
+    gradient still reaches the table; the apply op trains what a plain step
+    would train. Returns the lookup's output."""
     del dim  # the engine knows the table's width and default value
     if lookup_op.type != "DynembLookup":
         raise GraphModificationError(f"'{lookup_op.name}' is a {lookup_op.type} op, not a "
                                      f"DynembLookup")
     drop_guard(lookup_op)
     graph = lookup_op.graph
-    hinted = admitted.dtype == tf.int64
     with graph.as_default(), graph.name_scope(None), \
-            tf.name_scope(lookup_op.name + "_admitted"):
-        flat = tf.reshape(admitted, [-1])
-    lookup_op._update_input(4 if hinted else 3, flat)  # pylint: disable=protected-access
+            tf.name_scope(lookup_op.name + "_tickets"):
+        flat = tf.reshape(tickets, [-1])
+    set_input(lookup_op, "tickets", flat)
     lookup_op._set_attr("is_train", attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
-    lookup_op._set_attr("use_hints" if hinted else "use_visible",  # pylint: disable=protected-access
-                        attr_value_pb2.AttrValue(b=True))
+    lookup_op._set_attr("use_tickets", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
     return lookup_op.outputs[0]
 
 
@@ -226,13 +222,13 @@ def _table_applies(graph: tf.Graph, table_name: str) -> List[tf.Operation]:
 
 # How the keys of an apply op are made from lookups' ids: a lookup op (its
 # flattened ids) or a list of such trees concatenated in order.
-HintPlan = Tuple[tf.Operation, Any]
+TicketPlan = Tuple[tf.Operation, Any]
 
 _SAME_ORDER_OPS = ("Identity", "Reshape", "Cast")  # keep the element order
 
 
-def plan_hinted_apply(graph: tf.Graph, table_name: str,
-                      lookup_ops: Sequence[tf.Operation]) -> Optional[HintPlan]:
+def plan_ticket_apply(graph: tf.Graph, table_name: str,
+                      lookup_ops: Sequence[tf.Operation]) -> Optional[TicketPlan]:
     """If `table_name` has exactly one DynembApply op and its keys are the ids of
     exactly `lookup_ops` (each once: a lookup's gradient carries its ids
     flattened, and TensorFlow concatenates the indices of several), returns
@@ -243,7 +239,7 @@ def plan_hinted_apply(graph: tf.Graph, table_name: str,
         return None
     by_ids: Dict[str, List[tf.Operation]] = {}
     for op in lookup_ops:
-        by_ids.setdefault(op.inputs[0].name, []).append(op)
+        by_ids.setdefault(input_of(op, "ids").name, []).append(op)
 
     def mirror(t: tf.Tensor, depth: int) -> Any:
         if depth > 64:
@@ -258,16 +254,16 @@ def plan_hinted_apply(graph: tf.Graph, table_name: str,
             return None if any(p is None for p in parts) else parts
         return None
 
-    tree = mirror(applies[0].inputs[0], 0)
+    tree = mirror(input_of(applies[0], "keys"), 0)
     if tree is None or any(by_ids.values()):
         return None
     return applies[0], tree
 
 
-def hint_apply(plan: HintPlan, hints_of: Dict[str, tf.Tensor]) -> None:
-    """Switches the plan's apply op to dynemb_apply_hinted: its `allowed` input
-    becomes the hints of the planned lookups (`hints_of`: lookup op name -> the
-    int64 hints it reads with) in the order of its keys."""
+def ticket_apply(plan: TicketPlan, tickets_of: Dict[str, tf.Tensor]) -> None:
+    """Switches the plan's apply op to dynemb_apply_prepared: its `tickets` input
+    becomes the admission tickets of the planned lookups (`tickets_of`: lookup op
+    name -> the tickets it reads with) in the order of its keys."""
     apply_op, tree = plan
     graph = apply_op.graph
     _claim(graph, table_name=apply_op.get_attr("table_name").decode(), ops=[apply_op])
@@ -275,13 +271,13 @@ def hint_apply(plan: HintPlan, hints_of: Dict[str, tf.Tensor]) -> None:
     def build(node: Any) -> tf.Tensor:
         if isinstance(node, list):
             return tf.concat([build(n) for n in node], 0)
-        return tf.reshape(hints_of[node.name], [-1])
+        return tf.reshape(tickets_of[node.name], [-1])
 
     with graph.as_default(), graph.name_scope(None), \
-            tf.name_scope(apply_op.name + "_hints"):
-        hints = build(tree)
-    apply_op._update_input(3, hints)  # pylint: disable=protected-access
-    apply_op._set_attr("allowed_are_hints", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+            tf.name_scope(apply_op.name + "_tickets"):
+        tickets = build(tree)
+    set_input(apply_op, "tickets", tickets)
+    apply_op._set_attr("use_tickets", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
 
 
 def _claim(graph: tf.Graph, table_name: str, ops: Sequence[tf.Operation]) -> None:
@@ -306,10 +302,10 @@ def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tens
     for op in applies:
         with graph.as_default(), graph.name_scope(None), \
                 tf.name_scope(op.name + "_trainable"):
-            allowed = (keys_sets[0] if len(keys_sets) == 1 else
-                       tf.concat(list(keys_sets), 0))
-        # The engine drops the gradient rows of keys outside `allowed`
+            trainable = (keys_sets[0] if len(keys_sets) == 1 else
+                         tf.concat(list(keys_sets), 0))
+        # The engine drops the gradient rows of keys outside `trainable`
         # (dynemb_apply_filtered) while it dedupes the batch.
-        op._update_input(3, allowed)  # pylint: disable=protected-access
-        op._set_attr("filter_allowed", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+        set_input(op, "trainable", trainable)
+        op._set_attr("use_trainable", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
     return len(applies)

@@ -93,11 +93,12 @@ class SparseOptimizer:
                 if keys.dtype != tf.int64:
                     keys = tf.cast(keys, tf.int64)
                 values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, table.dim])
-                # `allowed` is used only when a graph rewrite sets the
-                # op's filter_allowed attribute (dynemb.graph.rewrite).
+                # `trainable` and `tickets` are used only when a pipeline
+                # mode sets use_trainable / use_tickets (dynemb.graph.rewrite).
                 applies.append(_lib.ops.dynemb_apply(
                     keys=keys, grads=values, learning_rate=lr,
-                    allowed=unused_input(tf.int64), table_name=table.table_name))
+                    trainable=unused_input(tf.int64), tickets=unused_input(tf.int64),
+                    table_name=table.table_name))
             if global_step is None:
                 return tf.group(*applies)
             with tf.control_dependencies(applies):

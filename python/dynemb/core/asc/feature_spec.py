@@ -6,7 +6,7 @@ that read a FeatureSpec's prepared batch components).
 """
 from dynemb._state import table_of_feature
 from dynemb.core.asc.lookups import lookup_ids
-from dynemb.core.asc.spec import RESERVED_PREFIX, FeatureSpec, admitted_key, hints_key
+from dynemb.core.asc.spec import RESERVED_PREFIX, FeatureSpec, admitted_key, tickets_key
 
-__all__ = ["FeatureSpec", "RESERVED_PREFIX", "admitted_key", "hints_key", "lookup_ids",
+__all__ = ["FeatureSpec", "RESERVED_PREFIX", "admitted_key", "tickets_key", "lookup_ids",
            "table_of_feature"]

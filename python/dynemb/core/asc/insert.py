@@ -3,8 +3,8 @@
 Builds the ``Dataset.map`` function of FeatureSpec mode: for each spec it sends
 the batch's ids to the engine with ``DynembPrepare`` (train: admission counting,
 row insertion, last-access stamps; in tf.data's threads, ahead of the step) and
-adds to the batch, under reserved keys, the per-id ``admitted`` mask and row
-hints (see dynemb.graph.rewrite for their meaning).
+adds to the batch, under reserved keys, the per-id ``admitted`` mask and
+admission tickets (see dynemb.graph.rewrite for their meaning).
 
 mxRec's path for it is ``dynemb.core.asc.helper``.
 """
@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Sequence, Union
 
 import tensorflow as tf
 
-from dynemb.core.asc.spec import FeatureSpec, admitted_key, hints_key
+from dynemb.core.asc.spec import FeatureSpec, admitted_key, tickets_key
 from dynemb.graph import rewrite
 from dynemb.graph.modification import dump_dir
 from dynemb.util.log import logger
@@ -117,10 +117,10 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
                 continue
             deps = checks + ([previous[s.table_name]] if s.table_name in previous else [])
             with tf.control_dependencies(deps):  # a table's ids are counted in order
-                hints = rewrite.prepare_hints(s.table_name, ids, now)
-            previous[s.table_name] = hints
-            features[admitted_key(s.name)] = rewrite.admitted_of(hints)
-            features[hints_key(s.name)] = hints  # the step's lookup and apply use them
+                tickets = rewrite.prepare(s.table_name, ids, now)
+            previous[s.table_name] = tickets
+            features[admitted_key(s.name)] = rewrite.admitted_of(tickets)
+            features[tickets_key(s.name)] = tickets  # the step's lookup and apply use them
         if dump_graph:
             graph = tf.compat.v1.get_default_graph()
             path = tf.io.write_graph(graph.as_graph_def(), dump_dir(dump_graph),

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from dynemb import _lib, _state
 from dynemb.constants.constants import ASCEND_TIMESTAMP
-from dynemb.core.asc.spec import FeatureSpec, admitted_key, hints_key
+from dynemb.core.asc.spec import FeatureSpec, admitted_key, tickets_key
 from dynemb.core.tables import op_name
 from dynemb.graph import rewrite
 from dynemb.graph.rewrite import GraphModificationError
@@ -94,7 +94,7 @@ def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any)
         raise GraphModificationError(
             f"sparse_lookup('{spec.table_name}', FeatureSpec('{spec.name}')): the batch "
             f"belongs to another graph than the default graph")
-    hints = features.get(hints_key(spec.name))
+    tickets = features.get(tickets_key(spec.name))
     _set_thresholds(graph, spec)
     ts_key = getattr(spec, "timestamp_key", None)
     if ts_key is not None and ts_key in features:
@@ -111,9 +111,8 @@ def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any)
         ids = tf.identity(raw, name=f"{op_name(spec.name)}_ids")
     _state.feature_spec_state(graph).by_ids[ids.name] = _state.FeatureSpecLookup(
         spec=spec, ids=ids,
-        admitted=tf.convert_to_tensor(hints if hints is not None
-                                      else features[admitted_key(spec.name)]),
-        training=hints is not None)
+        tickets=None if tickets is None else tf.convert_to_tensor(tickets),
+        training=tickets is not None)
     return ids
 
 
@@ -167,22 +166,22 @@ def start_asc_pipeline() -> None:
     for r, e in found:
         rewrite.drop_guard(e.ids.op)
         if r["is_train"]:
-            rewrite.rewrite_lookup(r["op"], e.admitted, e.spec.table_name, r["table"].dim)
+            rewrite.rewrite_lookup(r["op"], e.tickets, e.spec.table_name, r["table"].dim)
             train.setdefault(e.spec.table_name, []).append((r["op"], e))
         st.done.add(r["op"].name)
-    # The apply op reads row hints when it takes exactly these lookups'
+    # The apply op reads admission tickets when it takes exactly these lookups'
     # gradients (dynemb.graph.rewrite); else the trainable keys filter, whose
-    # keys are then computed in the step from the batch's ids and hints.
+    # keys are then computed in the step from the batch's ids and tickets.
     trainable: Dict[str, List[tf.Tensor]] = {}
     for table, pairs in train.items():
-        plan = rewrite.plan_hinted_apply(graph, table, [op for op, _ in pairs])
+        plan = rewrite.plan_ticket_apply(graph, table, [op for op, _ in pairs])
         if plan is not None:
-            rewrite.hint_apply(plan, {op.name: e.admitted for op, e in pairs})
+            rewrite.ticket_apply(plan, {op.name: e.tickets for op, e in pairs})
             continue
         with graph.as_default(), graph.name_scope(None), \
                 tf.name_scope(f"dynemb_trainable_{table}"):
             trainable[table] = [rewrite.trainable_keys(
-                [e.ids for _, e in pairs], [rewrite.admitted_of(e.admitted) for _, e in pairs])]
+                [e.ids for _, e in pairs], [rewrite.admitted_of(e.tickets) for _, e in pairs])]
     for table, keys in trainable.items():
         if not rewrite.filter_applies(graph, table, keys):
             logger.warning("start_asc_pipeline: table '%s' has no apply op yet; build the "

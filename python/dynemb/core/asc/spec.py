@@ -25,9 +25,10 @@ def admitted_key(spec_name: str) -> str:
     return f"{RESERVED_PREFIX}/{spec_name}/admitted"
 
 
-def hints_key(spec_name: str) -> str:
-    """Row hints of the spec's ids (int64, -1 = not admitted), training pipelines only."""
-    return f"{RESERVED_PREFIX}/{spec_name}/hints"
+def tickets_key(spec_name: str) -> str:
+    """Admission tickets of the spec's ids (int64, -1 = not admitted), training
+    pipelines only."""
+    return f"{RESERVED_PREFIX}/{spec_name}/tickets"
 
 
 def _nonneg_int(owner: str, field: str, v: Any) -> Optional[int]:
