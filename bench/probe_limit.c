@@ -20,7 +20,7 @@
  *            right before each row (rows of 8 + 256 bytes in a second flat
  *            array): what a compact index with a per-row key could do
  * Each loop runs 3 times per thread; the best time counts. Not part of the
- * engine or its tests: a measurement program (BENCHMARKS.md, session 6).
+ * engine or its tests: a measurement program (BENCHMARKS.md).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -17,7 +17,7 @@
  * compare and a multiply; the rest take more words (the wedges, the tail).
  * It replaced Box-Muller (a log, a sqrt and a sincos per pair, in double),
  * which made initializing a 64-float row from a truncated normal cost
- * ~2.1 us, most of the cost of inserting a key (BENCHMARKS.md, session 4).
+ * ~2.1 us, most of the cost of inserting a key (docs/benchmark-journal.md).
  * Truncated normal redraws while the value is outside mean +- 2 stddev.
  */
 #include "init.h"

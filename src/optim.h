@@ -21,7 +21,8 @@
  * square roots and divisions, so the width counts: portable builds target
  * baseline x86-64 (SSE2, 4 floats per instruction), and on the 2-vCPU AMD
  * EPYC VM measured (4M x 64, Adam) the clones applied 25-30% more keys per
- * second and ran the flat Adam limit ~2x (BENCHMARKS.md, session 4). Results are the same bits in every copy:
+ * second and ran the flat Adam limit ~2x (docs/benchmark-journal.md).
+ * Results are the same bits in every copy:
  * -std=c11 turns FP contraction off (no FMA), and sqrt and division are
  * correctly rounded at every width. GCC only (clang 14 wants the attribute
  * on every declaration, which GCC then resolves in each caller); build

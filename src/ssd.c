@@ -9,7 +9,7 @@
  * system call plus the kernel's page-cache lookup and copy of pread/pwrite
  * cost ~1 us per row each way (BENCHMARKS.md); a mapped record in the page
  * cache is a memcpy. io_uring would batch the calls but not remove the
- * page-cache work per record (measured ~5% faster, session 5).
+ * page-cache work per record (measured ~5% faster: docs/benchmark-journal.md).
  *
  * Layout: record r lives in segment r >> seg_shift at byte
  * (r & (seg_records - 1)) * rec_bytes; segment i starts at file offset

@@ -18,7 +18,7 @@
  * out, never moved), so a record that is in the page cache costs a memory
  * copy, not a system call: with positional I/O (pread/pwrite, one call per
  * moved row) the kernel's page-cache work was half of a training step's CPU
- * time (BENCHMARKS.md, session 6). The kernel writes dirty pages back and
+ * time (docs/benchmark-journal.md). The kernel writes dirty pages back and
  * drops clean ones under memory pressure, as it did for the page cache
  * behind pread. The file grows by posix_fallocate before a record past its
  * end is handed out, so a full disk is an EIO from dynemb_ssd_alloc (with

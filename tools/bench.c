@@ -28,7 +28,7 @@
  *           same positions out of a shared mapping of a file of R records
  *           of the tier's record size in the same directory, as the tier
  *           reads its file; and, for comparison, the same reads by pread
- *           (one system call per row, how the tier read before session 6)
+ *           (one system call per row, as the tier once read)
  *   cold    (--ssd-cold) the read limit, eval and train lookups again right
  *           after the files' pages are written back and dropped: reads
  *           from the disk rather than the page cache
