@@ -25,6 +25,9 @@ from dynemb.core.asc.spec import FeatureSpec
 from dynemb.core.tables import (EmbeddingTable, no_longer_registered, op_name,
                                 require_graph_mode, set_default_value)
 from dynemb.graph.rewrite import guard_lookup, input_of
+from dynemb.graph.trace import GET_NEXT_TYPES
+from dynemb.util.log import logger
+
 
 def unused_input(dtype: tf.DType) -> tf.Tensor:
     """An empty vector of unknown static length, for op inputs that only a
@@ -86,12 +89,54 @@ def wall_time() -> tf.Tensor:
     return tf.cast(tf.timestamp(), tf.int64)
 
 
-def _now_tensor(evict_cfg: Optional[dict]) -> tf.Tensor:
-    """The clock stamped on accessed rows: data time (ASCEND_TIMESTAMP),
-    wall seconds, or the global step (0 without one, when not evicting)."""
-    ts = tf.compat.v1.get_collection(ASCEND_TIMESTAMP)
-    if ts:
-        return tf.reduce_max(tf.cast(ts[-1], tf.int64))
+def _iterators_of(t: tf.Tensor, limit: int = 100_000) -> set:
+    """Names of the iterator ``get_next`` ops in `t`'s data ancestry."""
+    found, seen, stack = set(), set(), [t.op]
+    while stack and len(seen) < limit:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in GET_NEXT_TYPES:
+            found.add(op.name)
+            continue
+        stack.extend(i.op for i in op.inputs)
+    return found
+
+
+def _batch_timestamp(ids: tf.Tensor) -> Optional[tf.Tensor]:
+    """The ASCEND_TIMESTAMP tensor of the batch `ids` come from: the one read
+    from the same iterator. Never another iterator's: a train lookup that read
+    the timestamp of another pipeline would pull a batch from it on every
+    step. Ids that come from no iterator (fed, constants) take the latest
+    timestamp registered."""
+    stamps = tf.compat.v1.get_collection(ASCEND_TIMESTAMP)
+    if not stamps:
+        return None
+    sources = _iterators_of(ids)
+    if not sources:
+        return stamps[-1]
+    for ts in reversed(stamps):
+        if _iterators_of(tf.convert_to_tensor(ts)) & sources:
+            return ts
+    logger.warning("sparse_lookup: the ids come from iterator %s, but no timestamp in "
+                   "the ASCEND_TIMESTAMP collection does; this lookup stamps the global "
+                   "step (or wall time) instead of data time. Add the batch's timestamp "
+                   "with tf.compat.v1.add_to_collection(ASCEND_TIMESTAMP, ...)",
+                   ", ".join(sorted(sources)))
+    return None
+
+
+def _now_tensor(evict_cfg: Optional[dict], ids: tf.Tensor, is_train: bool) -> tf.Tensor:
+    """The clock stamped on accessed rows: data time (the batch's
+    ASCEND_TIMESTAMP), wall seconds, or the global step (0 without one, when
+    not evicting). Eval lookups stamp nothing, so they read no clock: a clock
+    computed from another batch would make every eval step consume it."""
+    if not is_train:
+        return tf.constant(0, tf.int64)
+    ts = _batch_timestamp(ids)
+    if ts is not None:
+        return tf.reduce_max(tf.cast(ts, tf.int64))
     if evict_cfg and evict_cfg["eviction_clock"] == "wall":
         return wall_time()
     gs = tf.compat.v1.train.get_global_step()
@@ -167,7 +212,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     with tf.name_scope(name or op_name(tname) + "_lookup"):
         if send_count is not None:
             ids = _static_ids(ids, int(send_count), tname)
-        now = _now_tensor(evict_cfg)
+        now = _now_tensor(evict_cfg, ids, bool(is_train))
         # Plain train lookups of one table that TensorFlow runs in parallel
         # count shared ids for admission in scheduling order; the pipeline
         # modes (modify_graph, FeatureSpec) count them in model order.
