@@ -250,11 +250,60 @@ terminate = terminate_config_initializer
 atexit.register(terminate_config_initializer)
 
 
+# Environment variables by which process launchers tell each process its
+# place: (variable, what it counts). A "size" above 1 or a "rank" above 0 means
+# the launcher started several processes of this script.
+_LAUNCHER_VARIABLES = (
+    ("OMPI_COMM_WORLD_SIZE", "size"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "size"),
+    ("OMPI_COMM_WORLD_RANK", "rank"),                      # Open MPI mpirun
+    ("PMI_SIZE", "size"), ("PMI_RANK", "rank"),            # MPICH, Intel MPI (Hydra)
+    ("PMIX_RANK", "rank"),                                 # PMIx launchers
+    ("MV2_COMM_WORLD_SIZE", "size"), ("MV2_COMM_WORLD_RANK", "rank"),  # MVAPICH2
+    ("HOROVOD_SIZE", "size"), ("HOROVOD_RANK", "rank"),    # horovodrun (Gloo)
+)
+
+
+def _refuse_multi_process_launch() -> None:
+    """Raises if a launcher started this script in several processes: dynemb
+    trains in one process, and answering "rank 0 of 1" to each of them would
+    have every process train alone on the whole data."""
+    import os
+    for variable, counts in _LAUNCHER_VARIABLES:
+        text = os.environ.get(variable)
+        if text is None or not text.strip():
+            continue
+        try:
+            value = int(text)
+        except ValueError:
+            raise RuntimeError("dynemb: environment variable %s=%r is not a number; it is "
+                               "set by a process launcher (mpirun, horovodrun, ...)"
+                               % (variable, text)) from None
+        if value > (1 if counts == "size" else 0):
+            raise RuntimeError(
+                "dynemb: this process was started by a multi-process launcher (%s=%s); "
+                "multi-worker training is not available in this version of dynemb. Run "
+                "the script as a single process, without mpirun/horovodrun" % (variable, text))
+
+
 def get_rank_id() -> int:
+    """This process's rank among the training processes (mxRec's meaning):
+    always 0, as dynemb trains in one process; RuntimeError if a launcher
+    started several."""
+    _refuse_multi_process_launch()
     return 0
 
 
 def get_rank_size() -> int:
+    """The number of training processes (mxRec's meaning): always 1;
+    RuntimeError if a launcher started several."""
+    _refuse_multi_process_launch()
+    return 1
+
+
+def get_local_rank_size() -> int:
+    """The number of training processes on this machine (mxRec's meaning):
+    always 1; RuntimeError if a launcher started several."""
+    _refuse_multi_process_launch()
     return 1
 
 
