@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.ops import gen_resource_variable_ops
 
 from dynemb import _lib, _state
 from dynemb.graph.trace import replay, walk, Trace
@@ -132,7 +133,7 @@ def pipeline_now(now: tf.Tensor, get_next: Optional[tf.Operation], table_name: s
     gs = tf.compat.v1.train.get_global_step(now.graph)
     if gs is not None and any(op.name == gs.op.name for op in ancestry):
         if isinstance(gs, tf.Variable) and gs.op.type == "VarHandleOp":
-            return lambda comps: tf.cast(gs.read_value(), tf.int64)
+            return lambda comps: read_by_name(gs)
         if eviction:
             raise GraphModificationError(
                 f"table '{table_name}' evicts by global step, but the global step is a "
@@ -148,6 +149,20 @@ def pipeline_now(now: tf.Tensor, get_next: Optional[tf.Operation], table_name: s
         f"table '{table_name}': cannot compute the lookup's clock ('{now.name}') in the "
         f"input pipeline ({'; '.join(blockers) or 'it comes from another iterator'}); use "
         f"the global step, the wall clock or a data timestamp from the same iterator")
+
+
+def read_by_name(var: tf.Variable) -> tf.Tensor:
+    """`var`'s value (int64), read through a handle made here from its resource
+    name rather than through the variable's own handle: inside a tf.data
+    function, capturing the variable would make the dataset stateful, which a
+    one-shot iterator (make_one_shot_iterator) refuses; a handle op of the
+    function's own finds the same resource."""
+    h = var.handle.op
+    handle = gen_resource_variable_ops.var_handle_op(
+        dtype=var.dtype.base_dtype, shape=var.shape,
+        container=h.get_attr("container"), shared_name=h.get_attr("shared_name"))
+    return tf.cast(gen_resource_variable_ops.read_variable_op(handle, var.dtype.base_dtype),
+                   tf.int64)
 
 
 def table_evicts(table_name: str) -> bool:

@@ -37,7 +37,7 @@ def _pipeline_clock(specs: Sequence[FeatureSpec], features: Dict[str, Any]) -> t
     evicting = [s.name for s in specs if s.eviction_threshold]
     gs = tf.compat.v1.train.get_global_step(_outermost_graph(tf.compat.v1.get_default_graph()))
     if gs is not None and isinstance(gs, tf.Variable) and gs.op.type == "VarHandleOp":
-        return tf.cast(gs.read_value(), tf.int64)
+        return rewrite.read_by_name(gs)  # (a one-shot iterator captures no variable)
     if evicting:
         raise ValueError(
             f"get_asc_insert_func: FeatureSpec {evicting[0]!r} has an eviction_threshold but "
