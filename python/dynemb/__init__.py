@@ -22,6 +22,13 @@ from dynemb.util.variable import get_dense_and_sparse_variable
 
 __version__ = "0.1.0"
 
+
+def version() -> str:
+    """dynemb's version string, the same as ``dynemb.__version__`` (mxRec's
+    ``mx_rec.version()``)."""
+    return __version__
+
+
 # tf.compat.v1.train.warm_start (which Estimator calls for warm_start_from)
 # learns dynemb tables and mxRec's multi-path settings (docs/warm-start.md).
 _patch_tensorflow()
@@ -37,5 +44,5 @@ __all__ = [
     "get_initializer", "get_rank_id", "get_rank_size", "get_use_dynamic_expansion", "gradient_descent",
     "init", "lazy_adam", "restore_tables", "save_tables", "set_if_load", "sparse_lookup",
     "terminate",
-    "terminate_config_initializer", "warm_start", "WarmStartError",
+    "terminate_config_initializer", "version", "warm_start", "WarmStartError",
 ]

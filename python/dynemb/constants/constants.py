@@ -8,17 +8,27 @@ ASCEND_TIMESTAMP = "ASCEND_TIMESTAMP"
 # tf.gradients(loss, anchor) yields the table's IndexedSlices gradient.
 DYNEMB_SPARSE_VARIABLES = "DYNEMB_SPARSE_VARIABLES"
 
+# File names of mxRec's custom-op libraries: the default of
+# import_host_pipeline_ops(so_pkg_name=...) and the end-of-sequence dataset
+# ops. They are names only: dynemb loads no such library (its ops are in
+# _dynemb_ops.so, found by dynemb._lib).
+LIBASC_OPS_SO = "libasc_ops.so"
+LIBREC_EOS_OPS_SO = "librec_eos_ops.so"
+
 
 class BaseEnum(Enum):
-    """Enum whose members can be looked up by value, with a clear error."""
+    """Enum whose members are looked up by value (mxRec's ``mapping``)."""
 
     @classmethod
     def mapping(cls, key):
+        """The member whose value is `key`, or, for a member of any BaseEnum,
+        whose value is `key.value`. KeyError, naming the valid values, if none."""
+        value = key.value if isinstance(key, BaseEnum) else key
         for m in cls:
-            if m.value == key or m.name == key:
+            if m.value == value:
                 return m
-        raise ValueError("%r is not a valid %s; use one of %s"
-                         % (key, cls.__name__, [m.value for m in cls]))
+        raise KeyError("%r is not a value of %s; use one of %s"
+                       % (key, cls.__name__, [m.value for m in cls]))
 
     @classmethod
     def values(cls):
@@ -32,3 +42,21 @@ class ApplyGradientsStrategy(BaseEnum):
     DIRECT_APPLY is accepted for compatibility and behaves the same."""
     DIRECT_APPLY = "direct_apply"
     SUM_SAME_ID_GRADIENTS_AND_APPLY = "sum_same_id_gradients_and_apply"
+
+
+class All2allGradientsOp(BaseEnum):
+    """create_table(all2all_gradients_op=...): how a table's gradients from
+    all ranks are combined, summed or summed and divided by the rank count.
+    With one process both leave the gradient as it is."""
+    SUM_GRADIENTS = "sum_gradients"
+    SUM_GRADIENTS_AND_DIV_BY_RANKSIZE = "sum_gradients_and_div_by_ranksize"
+
+
+class CacheModeEnum(BaseEnum):
+    """Where a table's rows live, by the names mxRec's examples use to pick
+    table sizes: HBM (device_vocabulary_size only), DDR (plus
+    host_vocabulary_size), SSD (plus ssd_vocabulary_size). In dynemb the
+    device and host rows are both host memory, and SSD is the file tier."""
+    HBM = "HBM"
+    DDR = "DDR"
+    SSD = "SSD"

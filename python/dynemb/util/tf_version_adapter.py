@@ -1,25 +1,9 @@
-"""Collective-op shims (mxRec: ``mx_rec.util.tf_version_adapter``).
+"""mxRec's ``mx_rec.util.tf_version_adapter``: where scripts import the HCCL
+op module (``from mx_rec.util.tf_version_adapter import hccl_ops``).
 
-dynemb trains on one worker per process group here, so the all-reduce of
-dense gradients is the identity; a multi-worker run must bring its own
-collective (e.g. Horovod) and is refused with a clear error until then.
+Here ``hccl_ops`` is ``dynemb.util.communication.hccl_ops``: the rank queries
+and ``allreduce``, for one process.
 """
-import tensorflow as tf
+from dynemb.util.communication import hccl_ops
 
-from dynemb import _state
-
-
-class _HcclOps:
-    @staticmethod
-    def allreduce(tensor, reduction="sum", fusion=1, fusion_id=-1, group="hccl_world_group"):
-        del fusion, fusion_id, group
-        if reduction not in ("sum", "mean", "max", "min", "prod"):
-            raise ValueError("allreduce: unknown reduction %r" % (reduction,))
-        if _state.get_rank_size() != 1:
-            raise NotImplementedError(
-                "dynemb: allreduce across %d workers is not available; run one "
-                "worker (rank_size 1)" % _state.get_rank_size())
-        return tf.identity(tensor)
-
-
-hccl_ops = _HcclOps()
+__all__ = ["hccl_ops"]

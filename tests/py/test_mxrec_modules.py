@@ -1,0 +1,195 @@
+"""mxRec's module paths answer with mxRec's meaning: the rank queries and the
+all-reduce of ``util.communication.hccl_ops`` / ``util.tf_version_adapter``,
+the constants, ``version()``. dynemb runs one process, so the ranks are 0 of 1
+and an all-reduce is the identity; a multi-process launch is refused by name
+(docs/mxrec-compatibility.md)."""
+import importlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dynemb
+from dynemb import _state
+
+LAUNCHER_VARIABLES = [v for v, _ in _state._LAUNCHER_VARIABLES]
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    """No launcher variable set, whatever the environment of the test run."""
+    for variable in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    return monkeypatch
+
+
+RANK_FUNCTIONS = ["get_rank_id", "get_rank_size", "get_local_rank_size"]
+
+
+# --- util.communication.hccl_ops: ranks -------------------------------------
+
+def test_rank_queries_at_mxrec_paths_answer_one_process(single_process):
+    from dynemb.util.communication.hccl_ops import (get_local_rank_size, get_rank_id,
+                                                     get_rank_size)
+    assert (get_rank_id(), get_rank_size(), get_local_rank_size()) == (0, 1, 1)
+    from dynemb.util import initialize
+    assert (initialize.get_rank_id(), initialize.get_rank_size()) == (0, 1)
+
+
+def test_both_paths_are_one_function():
+    from dynemb.util import initialize
+    from dynemb.util.communication import hccl_ops
+    assert hccl_ops.get_rank_id is initialize.get_rank_id is _state.get_rank_id
+    assert hccl_ops.get_rank_size is initialize.get_rank_size is _state.get_rank_size
+    assert dynemb.get_rank_size is _state.get_rank_size
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_RANK", "2"),
+    ("OMPI_COMM_WORLD_LOCAL_SIZE", "8"), ("PMI_SIZE", "2"), ("PMI_RANK", "1"),
+    ("PMIX_RANK", "3"), ("MV2_COMM_WORLD_SIZE", "2"), ("HOROVOD_SIZE", "8"),
+    ("HOROVOD_RANK", "5"),
+])
+@pytest.mark.parametrize("function", RANK_FUNCTIONS)
+def test_multi_process_launch_is_refused_naming_the_variable(single_process, variable, value,
+                                                             function):
+    from dynemb.util.communication import hccl_ops
+    single_process.setenv(variable, value)
+    with pytest.raises(RuntimeError) as e:
+        getattr(hccl_ops, function)()
+    message = str(e.value)
+    assert "%s=%s" % (variable, value) in message
+    assert "multi-worker training is not available" in message
+
+
+def test_initialize_path_refuses_too(single_process):
+    from dynemb.util.initialize import get_rank_id
+    single_process.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    single_process.setenv("OMPI_COMM_WORLD_RANK", "1")
+    with pytest.raises(RuntimeError, match="OMPI_COMM_WORLD_SIZE=2"):
+        get_rank_id()
+
+
+def test_a_launch_of_one_process_is_rank_0_of_1(single_process):
+    """mpirun -np 1 sets the variables to one process: that is dynemb's case."""
+    from dynemb.util.communication import hccl_ops
+    for variable, value in [("OMPI_COMM_WORLD_SIZE", "1"), ("OMPI_COMM_WORLD_RANK", "0"),
+                            ("OMPI_COMM_WORLD_LOCAL_SIZE", "1"), ("PMI_SIZE", "1"),
+                            ("PMI_RANK", "0"), ("PMIX_RANK", "0"), ("HOROVOD_SIZE", "")]:
+        single_process.setenv(variable, value)
+    assert (hccl_ops.get_rank_id(), hccl_ops.get_rank_size(),
+            hccl_ops.get_local_rank_size()) == (0, 1, 1)
+
+
+def test_a_launcher_variable_that_is_no_number_is_named(single_process):
+    from dynemb.util.communication import hccl_ops
+    single_process.setenv("PMI_SIZE", "two")
+    with pytest.raises(RuntimeError, match=r"PMI_SIZE='two' is not a number"):
+        hccl_ops.get_rank_size()
+
+
+# --- allreduce ---------------------------------------------------------------
+
+def test_tf_version_adapter_hccl_ops_is_the_communication_module():
+    from dynemb.util.tf_version_adapter import hccl_ops
+    assert hccl_ops is importlib.import_module("dynemb.util.communication.hccl_ops")
+    assert hccl_ops.allreduce is not None
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max", "min", "prod"])
+def test_allreduce_over_one_rank_returns_the_tensor(single_process, reduction):
+    from dynemb.util.tf_version_adapter import hccl_ops
+    x = tf.constant([[1.5, -2.0], [3.0, 4.0]])
+    y = hccl_ops.allreduce(x, reduction)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    with tf.compat.v1.Session() as sess:
+        np.testing.assert_array_equal(sess.run(y), [[1.5, -2.0], [3.0, 4.0]])
+
+
+def test_allreduce_takes_hccl_keywords_and_dense_gradients(single_process):
+    from dynemb.util.tf_version_adapter import hccl_ops
+    w = tf.compat.v1.get_variable("w", initializer=tf.constant([1.0, 2.0]))
+    loss = tf.reduce_sum(w * w)
+    (grad, var), = tf.compat.v1.train.GradientDescentOptimizer(0.1).compute_gradients(loss)
+    reduced = hccl_ops.allreduce(grad, reduction="sum", fusion=0, fusion_id=3,
+                                 group="hccl_world_group")
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        np.testing.assert_allclose(sess.run(reduced), [2.0, 4.0])
+
+
+def test_allreduce_of_indexed_slices_is_unchanged(single_process):
+    from dynemb.util.communication import hccl_ops
+    s = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([0, 5], tf.int64), tf.constant([9, 3]))
+    assert hccl_ops.allreduce(s, "sum") is s
+
+
+def test_allreduce_errors(single_process):
+    from dynemb.util.communication import hccl_ops
+    x = tf.constant([1.0])
+    with pytest.raises(ValueError, match=r"reduction='average'.*sum, prod, max, min, mean"):
+        hccl_ops.allreduce(x, "average")
+    with pytest.raises(ValueError, match=r"fusion=3"):
+        hccl_ops.allreduce(x, "sum", fusion=3)
+    with pytest.raises(ValueError, match=r"fusion_id='a'"):
+        hccl_ops.allreduce(x, "sum", fusion_id="a")
+    with pytest.raises(ValueError, match=r"group='my_group'.*hccl_world_group"):
+        hccl_ops.allreduce(x, "sum", group="my_group")
+    single_process.setenv("OMPI_COMM_WORLD_SIZE", "8")
+    with pytest.raises(RuntimeError, match=r"OMPI_COMM_WORLD_SIZE=8"):
+        hccl_ops.allreduce(x, "sum")
+
+
+# --- constants ---------------------------------------------------------------
+
+def test_constants_at_mxrec_path():
+    from dynemb.constants.constants import (ASCEND_TIMESTAMP, LIBASC_OPS_SO, LIBREC_EOS_OPS_SO,
+                                            All2allGradientsOp, BaseEnum, CacheModeEnum)
+    assert ASCEND_TIMESTAMP == "ASCEND_TIMESTAMP"
+    assert (LIBASC_OPS_SO, LIBREC_EOS_OPS_SO) == ("libasc_ops.so", "librec_eos_ops.so")
+    assert [(m.name, m.value) for m in CacheModeEnum] == [("HBM", "HBM"), ("DDR", "DDR"),
+                                                         ("SSD", "SSD")]
+    assert [(m.name, m.value) for m in All2allGradientsOp] == [
+        ("SUM_GRADIENTS", "sum_gradients"),
+        ("SUM_GRADIENTS_AND_DIV_BY_RANKSIZE", "sum_gradients_and_div_by_ranksize")]
+    assert issubclass(CacheModeEnum, BaseEnum) and issubclass(All2allGradientsOp, BaseEnum)
+
+
+def test_base_enum_mapping_has_mxrecs_meaning():
+    from dynemb.constants.constants import (All2allGradientsOp, ApplyGradientsStrategy,
+                                            BaseEnum, CacheModeEnum)
+
+    class Mode(BaseEnum):
+        TRAIN = "train"
+        PREDICT = "predict"
+
+    class OtherMode(BaseEnum):
+        TRAIN = "train"
+
+    assert Mode.mapping("train") is Mode.TRAIN
+    assert Mode.mapping(Mode.PREDICT) is Mode.PREDICT
+    # a member stands for its value, whichever enum it belongs to
+    assert Mode.mapping(OtherMode.TRAIN) is Mode.TRAIN
+    assert CacheModeEnum.mapping("SSD") is CacheModeEnum.SSD
+    assert (All2allGradientsOp.mapping("sum_gradients_and_div_by_ranksize")
+            is All2allGradientsOp.SUM_GRADIENTS_AND_DIV_BY_RANKSIZE)
+    # by value only: the member's name is no key, and a miss is a KeyError
+    for bad in ["TRAIN", None, "evaluate"]:
+        with pytest.raises(KeyError, match=r"not a value of Mode.*'train', 'predict'"):
+            Mode.mapping(bad)
+    with pytest.raises(KeyError):
+        ApplyGradientsStrategy.mapping("DIRECT_APPLY")
+
+
+# --- version -----------------------------------------------------------------
+
+def test_version_is_the_package_version():
+    assert dynemb.version() == dynemb.__version__
+    assert isinstance(dynemb.version(), str) and dynemb.version().count(".") >= 1
+    import importlib.metadata
+    try:
+        installed = importlib.metadata.version("dynemb")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed is not None:
+        assert dynemb.version() == installed
