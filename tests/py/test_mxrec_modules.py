@@ -193,3 +193,31 @@ def test_version_is_the_package_version():
         installed = None
     if installed is not None:
         assert dynemb.version() == installed
+
+
+# --- docs/mxrec-compatibility.md ---------------------------------------------
+
+def test_compatibility_table_counts_match_its_rows():
+    """Every row of the documented-API sections has one of the status words,
+    and the Counts line says how many rows have each."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[2] / "docs" / "mxrec-compatibility.md").read_text()
+    documented = text.split("\n## 1.", 1)[1].split("\n## 10.", 1)[0]
+    counts = {"same": 0, "no effect": 0, "different": 0, "missing (planned)": 0}
+    rows = [l for l in documented.splitlines()
+            if l.startswith("| ") and not l.startswith("| Item")]
+    for row in rows:
+        status = row.rstrip(" |").rsplit(" | ", 1)[-1]
+        m = re.match(r"\*\*(same \(no effect\)|same|different|missing \(planned\))\*\*", status)
+        assert m, "row without a status word: " + row
+        word = m.group(1)
+        counts["same" if word.startswith("same") else word] += 1
+        counts["no effect"] += word == "same (no effect)"
+    said = re.search(r"Documented items \(§1-§9\): (\d+) — \*\*(\d+) same\*\* \((\d+) of them "
+                     r"\"same \(no effect\)\"\), \*\*(\d+) different\*\*,\s+\*\*(\d+) missing "
+                     r"\(planned\)\*\*", text)
+    assert said, "the Counts line is missing or has another form"
+    assert [int(x) for x in said.groups()] == [len(rows), counts["same"], counts["no effect"],
+                                                counts["different"],
+                                                counts["missing (planned)"]]
