@@ -181,6 +181,11 @@ typedef struct dynemb_table_config {
   uint64_t host_vocabulary_size;
   uint64_t ssd_vocabulary_size;
   const char *ssd_data_path; /* directory for the SSD tier's file; copied */
+  /* The name under which the caller's users set host_vocabulary_size, for
+   * the "table is full" message (a binding may expose the budget under
+   * another name, e.g. mxRec's device_vocabulary_size); NULL means
+   * "host_vocabulary_size". Copied. */
+  const char *host_budget_name;
 } dynemb_table_config;
 
 /* Fills `cfg` with defaults: dim 0 (must be set), name NULL (must be set),
@@ -239,6 +244,17 @@ DYNEMB_API int dynemb_table_set_access_threshold(dynemb_table *t,
 /* Changes the eviction threshold at run time (0 disables). */
 DYNEMB_API int dynemb_table_set_eviction_threshold(dynemb_table *t,
                                                    int64_t threshold);
+
+/* Replaces the table's sparse optimizer: its kind and hyper-parameters.
+ * The rows' optimizer state (slots) follows the kind, so the kind can
+ * change only while the table holds no rows (a binding whose tables learn
+ * their optimizer when it is first applied calls this before training);
+ * the same kind may always get new hyper-parameters. Admission candidates
+ * are kept. Errors: EINVAL (a hyper-parameter is invalid; the message names
+ * it), EMISMATCH (another kind while the table holds rows: nothing
+ * changed), EIO / ENOMEM (the SSD tier's new file: nothing changed). */
+DYNEMB_API int dynemb_table_set_optimizer(dynemb_table *t,
+                                          const dynemb_optimizer *opt);
 
 /* Replaces the value that lookups return for keys without a row (`dim`
  * floats, copied; NULL means zeros), e.g. a serving default. Errors:

@@ -45,12 +45,11 @@
 
 /* ---- slab pool ----------------------------------------------------------- */
 
-int dynemb_slab_pool_init(dynemb_slab_pool *p, size_t max_chunk_bytes) {
-  memset(p, 0, sizeof *p);
-  /* A slab of k huge pages ends in (k * 2 MiB) mod chunk bytes that no
-   * full chunk fits in: pick the k in 1 .. 8 wasting the smallest
-   * fraction (e.g. 48 KiB chunks of 768-byte rows: 3 huge pages, no
-   * waste), stopping at the first k that wastes under 0.2 %. */
+/* A slab of k huge pages ends in (k * 2 MiB) mod chunk bytes that no full
+ * chunk fits in: pick the k in 1 .. 8 wasting the smallest fraction (e.g.
+ * 48 KiB chunks of 768-byte rows: 3 huge pages, no waste), stopping at the
+ * first k that wastes under 0.2 %. */
+static size_t slab_unit_for(size_t max_chunk_bytes) {
   size_t best = 0;
   double best_frac = 2;
   for (size_t k = 1; k <= 8; k++) {
@@ -67,7 +66,12 @@ int dynemb_slab_pool_init(dynemb_slab_pool *p, size_t max_chunk_bytes) {
     best = HUGE_PAGE;
     while (best < 8 * max_chunk_bytes) best += HUGE_PAGE;
   }
-  p->unit_bytes = p->slab_bytes = best;
+  return best;
+}
+
+int dynemb_slab_pool_init(dynemb_slab_pool *p, size_t max_chunk_bytes) {
+  memset(p, 0, sizeof *p);
+  p->unit_bytes = p->slab_bytes = slab_unit_for(max_chunk_bytes);
   if (pthread_mutex_init(&p->mu, NULL)) return DYNEMB_ENOMEM;
   if (pthread_cond_init(&p->cv, NULL)) {
     pthread_mutex_destroy(&p->mu);
@@ -170,6 +174,13 @@ void dynemb_slab_pool_release(dynemb_slab_pool *p) {
   p->ready = p->claimed = NULL;
   p->spare = NULL;
   p->spare_ready = p->spare_claimed = 0;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void dynemb_slab_pool_reshape(dynemb_slab_pool *p, size_t max_chunk_bytes) {
+  dynemb_slab_pool_release(p);
+  pthread_mutex_lock(&p->mu);
+  p->unit_bytes = p->slab_bytes = slab_unit_for(max_chunk_bytes);
   pthread_mutex_unlock(&p->mu);
 }
 

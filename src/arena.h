@@ -79,6 +79,9 @@ typedef struct dynemb_slab_pool {
 int dynemb_slab_pool_init(dynemb_slab_pool *p, size_t max_chunk_bytes);
 /* Releases every slab (all chunks handed out become invalid). */
 void dynemb_slab_pool_release(dynemb_slab_pool *p);
+/* Releases every slab and sizes later slabs for a new largest request (an
+ * empty table whose row layout changes). */
+void dynemb_slab_pool_reshape(dynemb_slab_pool *p, size_t max_chunk_bytes);
 void dynemb_slab_pool_destroy(dynemb_slab_pool *p);
 /* 64-byte aligned memory of `bytes` (a multiple of 64), or NULL. */
 void *dynemb_slab_alloc(dynemb_slab_pool *p, size_t bytes);

@@ -382,10 +382,10 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
   else if (!ssd && budget && total > budget)
     rc = dynemb_error_set(DYNEMB_ECAPACITY,
                           "table '%s': importing would make %llu rows but "
-                          "host_vocabulary_size is %llu; raise "
-                          "host_vocabulary_size or enable eviction",
+                          "%s is %llu; raise %s or enable eviction",
                           t->name, (unsigned long long)total,
-                          (unsigned long long)budget);
+                          t->host_budget_name, (unsigned long long)budget,
+                          t->host_budget_name);
   /* 2. reserve index entries and row numbers, so that step 3 cannot fail */
   for (uint32_t s = 0; s < t->nshards && !rc; s++) {
     dynemb_shard *sh = &t->shards[s];

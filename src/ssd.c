@@ -141,6 +141,21 @@ void dynemb_ssd_close(dynemb_ssd *s) {
   dynemb_ssd_init_off(s);
 }
 
+int dynemb_ssd_relayout(dynemb_ssd *s, size_t emb_bytes, size_t slot_bytes) {
+  if (s->fd < 0) return DYNEMB_OK;
+  dynemb_ssd n;
+  int rc = dynemb_ssd_open(&n, s->dir, s->table, emb_bytes, slot_bytes,
+                           s->capacity);
+  if (rc) return rc;
+  dynemb_ssd_close(s);
+  /* the new tier's fields move over; its mutex is made anew in place (a
+   * mutex is not copied) */
+  pthread_mutex_destroy(&n.mu);
+  *s = n;
+  pthread_mutex_init(&s->mu, NULL);
+  return DYNEMB_OK;
+}
+
 /* The file offset where record `r` ends. */
 static uint64_t rec_end(const dynemb_ssd *s, uint64_t r) {
   return (r >> s->seg_shift) * s->seg_bytes +

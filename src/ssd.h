@@ -78,6 +78,11 @@ int dynemb_ssd_open(dynemb_ssd *s, const char *dir, const char *table,
                     size_t emb_bytes, size_t slot_bytes, uint64_t capacity);
 void dynemb_ssd_close(dynemb_ssd *s);
 
+/* Gives an empty tier (no record handed out) records of another size: a
+ * new file is made first, so an error (EIO, ENOMEM: message set) leaves
+ * the tier as it was. */
+int dynemb_ssd_relayout(dynemb_ssd *s, size_t emb_bytes, size_t slot_bytes);
+
 static inline int dynemb_ssd_on(const dynemb_ssd *s) { return s->fd >= 0; }
 
 /* A free record number. ECAPACITY (no message set) when `capacity`

@@ -135,9 +135,13 @@ int dynemb_table_new(const dynemb_table_config *cfg, dynemb_table **out) {
     memcpy(t->default_value, cfg->default_value, (size_t)cfg->dim * sizeof(float));
   if (cfg->ssd_data_path && !(t->ssd_data_path = strdup(cfg->ssd_data_path)))
     goto nomem;
+  if (!(t->host_budget_name = strdup(cfg->host_budget_name ? cfg->host_budget_name
+                                                           : "host_vocabulary_size")))
+    goto nomem;
   t->cfg.name = t->name;
   t->cfg.default_value = t->default_value;
   t->cfg.ssd_data_path = t->ssd_data_path;
+  t->cfg.host_budget_name = t->host_budget_name;
   t->dim = cfg->dim;
   t->slots = dynemb_optim_slot_count(cfg->optimizer.kind);
   t->row_floats = cfg->dim * (1 + t->slots);
@@ -206,6 +210,7 @@ nomem:
     free(t->name);
     free(t->default_value);
     free(t->ssd_data_path);
+    free(t->host_budget_name);
     free(t);
   }
   return dynemb_error_set(DYNEMB_ENOMEM,
@@ -234,6 +239,7 @@ void dynemb_table_destroy(dynemb_table *t) {
   free(t->name);
   free(t->default_value);
   free(t->ssd_data_path);
+  free(t->host_budget_name);
   free(t);
 }
 
@@ -317,6 +323,60 @@ void dynemb_table_unlock_all(dynemb_table *t) {
     pthread_rwlock_unlock(&t->shards[s].lock);
 }
 
+int dynemb_table_set_optimizer(dynemb_table *t, const dynemb_optimizer *opt) {
+  dynemb_error_clear();
+  if (!t) return dynemb_table_null_error("dynemb_table_set_optimizer");
+  if (!opt)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': dynemb_table_set_optimizer got a NULL "
+                            "optimizer", t->name);
+  int rc = dynemb_optim_validate(opt, t->name);
+  if (rc) return rc;
+  dynemb_table_lock_all(t, 1);
+  uint64_t rows = 0;
+  for (uint32_t s = 0; s < t->nshards; s++) rows += t->shards[s].rows.count;
+  const int slots = dynemb_optim_slot_count(opt->kind);
+  if (opt->kind == t->cfg.optimizer.kind) {
+    t->cfg.optimizer = *opt; /* the same state: new hyper-parameters */
+  } else if (rows) {
+    rc = dynemb_error_set(
+        DYNEMB_EMISMATCH,
+        "table '%s' holds %llu rows with %s state; its optimizer can become "
+        "%s only while it holds no rows. Train it with the optimizer it was "
+        "trained with, or start a table of the new optimizer from these rows "
+        "(a checkpoint loaded with DYNEMB_IMPORT_EMBEDDING_ONLY)",
+        t->name, (unsigned long long)rows,
+        dynemb_optimizer_name(t->cfg.optimizer.kind),
+        dynemb_optimizer_name(opt->kind));
+  } else {
+    /* No rows: the row layout follows the new optimizer's slots. The tier
+     * file comes first, as it is the step that can fail. */
+    const size_t emb_f = (size_t)t->dim, slot_f = (size_t)t->dim * (size_t)slots;
+    const size_t row_f = emb_f + slot_f;
+    rc = dynemb_ssd_relayout(&t->ssd, emb_f * sizeof(float),
+                             slot_f * sizeof(float));
+    if (!rc) {
+      for (uint32_t s = 0; s < t->nshards; s++) {
+        dynemb_arena_free(&t->shards[s].arena);
+        dynemb_tier_host_clear(&t->shards[s]);
+        t->shards[s].gen++;
+      }
+      dynemb_slab_pool_reshape(&t->pool, dynemb_arena_max_chunk_bytes(row_f, emb_f));
+      dynemb_slab_pool_reshape(&t->slot_pool, dynemb_arena_max_chunk_bytes(
+                                                  row_f, slot_f ? slot_f : 1));
+      for (uint32_t s = 0; s < t->nshards; s++)
+        dynemb_arena_init(&t->shards[s].arena, emb_f, slot_f, &t->pool,
+                          &t->slot_pool);
+      t->cfg.optimizer = *opt;
+      t->slots = slots;
+      t->row_floats = (int)row_f;
+      STORE(&t->rows_total, 0);
+    }
+  }
+  dynemb_table_unlock_all(t);
+  return rc;
+}
+
 int dynemb_table_has_ssd(const dynemb_table *t) {
   return dynemb_ssd_on(&t->ssd);
 }
@@ -332,6 +392,7 @@ void dynemb_table_get_stats(dynemb_table *t, dynemb_table_stats *st) {
   uint64_t bytes = sizeof *t + (uint64_t)t->nshards * sizeof *t->shards +
                    (uint64_t)t->dim * sizeof(float) + strlen(t->name) + 1;
   if (t->ssd_data_path) bytes += strlen(t->ssd_data_path) + 1;
+  bytes += strlen(t->host_budget_name) + 1;
   for (uint32_t s = 0; s < t->nshards; s++) {
     dynemb_shard *sh = &t->shards[s];
     pthread_rwlock_rdlock(&sh->lock);

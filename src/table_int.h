@@ -83,6 +83,7 @@ struct dynemb_table {
   dynemb_table_config cfg; /* pointers point into this table */
   float *default_value;    /* [dim], never NULL */
   char *ssd_data_path;     /* copy or NULL */
+  char *host_budget_name;  /* copy; never NULL */
   int dim;
   int slots;      /* optimizer slot vectors per row, in units of dim */
   int row_floats; /* dim * (1 + slots) */

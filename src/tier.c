@@ -26,10 +26,10 @@
 static int budget_error(const dynemb_table *t) {
   return dynemb_error_set(
       DYNEMB_ECAPACITY,
-      "table '%s': host_vocabulary_size = %llu rows is full; raise "
-      "host_vocabulary_size or enable eviction (eviction_threshold and "
-      "dynemb_evict)",
-      t->name, (unsigned long long)t->cfg.host_vocabulary_size);
+      "table '%s': %s = %llu rows is full; raise %s or enable eviction "
+      "(eviction_threshold and dynemb_evict)",
+      t->name, t->host_budget_name,
+      (unsigned long long)t->cfg.host_vocabulary_size, t->host_budget_name);
 }
 
 int dynemb_tier_insert_error(const dynemb_table *t, int rc) {

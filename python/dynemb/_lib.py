@@ -80,7 +80,8 @@ class TableConfig(ctypes.Structure):
         ("device_vocabulary_size", ctypes.c_uint64),
         ("host_vocabulary_size", ctypes.c_uint64),
         ("ssd_vocabulary_size", ctypes.c_uint64),
-        ("ssd_data_path", ctypes.c_char_p)]
+        ("ssd_data_path", ctypes.c_char_p),
+        ("host_budget_name", ctypes.c_char_p)]
 
 
 class TableStats(ctypes.Structure):
@@ -103,6 +104,7 @@ _SIGS = {
     "dynemb_table_set_access_threshold": (ctypes.c_int, [_P, ctypes.c_uint32]),
     "dynemb_table_set_eviction_threshold": (ctypes.c_int, [_P, ctypes.c_int64]),
     "dynemb_table_set_default_value": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_float)]),
+    "dynemb_table_set_optimizer": (ctypes.c_int, [_P, ctypes.POINTER(Optimizer)]),
     "dynemb_table_get_stats": (None, [_P, ctypes.POINTER(TableStats)]),
     "dynemb_table_size": (ctypes.c_uint64, [_P]),
     "dynemb_table_capacity": (ctypes.c_uint64, [_P]),

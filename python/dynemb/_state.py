@@ -37,6 +37,23 @@ from dynemb.util.log import logger
 HANDLES: dict[str, ctypes.c_void_p] = {}
 
 
+def release_handles() -> None:
+    """Gives back this process's references to its tables."""
+    for h in HANDLES.values():
+        _lib.clib.dynemb_table_release(h)
+    HANDLES.clear()
+
+
+def drop_all_tables() -> None:
+    """Removes every table from the process and forgets what dynemb built in
+    every graph (graphs that still use a table fail with a clear error)."""
+    release_handles()
+    _lib.clib.dynemb_registry_clear()
+    for states in (_GRAPHS, _MODIFICATIONS, _FEATURE_SPECS, _SWITCHED_APPLIES):
+        states.clear()
+    TABLE_OF_SPEC.clear()
+
+
 class GraphState:
     """What dynemb built in one graph."""
 
@@ -216,7 +233,9 @@ class ConfigInitializer:
 
 def init(**kwargs: Any) -> None:
     """Starts dynemb in this process (mxRec's init). Calling it again
-    replaces the settings; tables already created are kept."""
+    replaces the settings; tables already created are kept (Estimator's
+    rebuilds of a graph find them again). terminate_config_initializer()
+    ends it all."""
     ConfigInitializer._instance = ConfigInitializer(**kwargs)
     logger.debug("init(%s)", kwargs)
 
@@ -234,8 +253,11 @@ def require_init(what: str) -> ConfigInitializer:
 
 
 def terminate_config_initializer() -> None:
-    """Stops dynemb's background work and forgets the settings. Tables stay
-    registered until the process exits (or dynemb.clear_tables())."""
+    """Ends what init() began: stops dynemb's background work, forgets the
+    settings and removes the tables (save them first). Afterwards init() and
+    create_table() start afresh in the same process: a table may come back
+    under the same name with another configuration (notebooks, test suites,
+    sweeps)."""
     inst = ConfigInitializer._instance
     ConfigInitializer._instance = None
     if inst is not None:
@@ -244,6 +266,7 @@ def terminate_config_initializer() -> None:
                 hook()
             except Exception as e:  # shutdown must not raise
                 logger.warning("terminate: %s", e)
+        drop_all_tables()
 
 
 terminate = terminate_config_initializer

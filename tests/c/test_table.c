@@ -744,6 +744,19 @@ static void test_snapshot_import(void) {
 
 /* ---- budget ------------------------------------------------------------------ */
 
+/* A snapshot of `n` SGD rows of dim 2 (no candidates). */
+static dynemb_snapshot sgd_dim2_snapshot(int64_t *keys, size_t n, float *values) {
+  dynemb_snapshot s;
+  memset(&s, 0, sizeof s);
+  s.dim = 2;
+  s.row_floats = 2;
+  s.optimizer_kind = DYNEMB_OPT_SGD;
+  s.rows = n;
+  s.keys = keys;
+  s.values = values;
+  return s;
+}
+
 static void tweak_budget(dynemb_table_config *c) {
   c->host_vocabulary_size = 100;
   c->shards = 4;
@@ -763,15 +776,8 @@ static void test_host_budget(void) {
   /* known keys still work */
   CHECK_OK(dynemb_lookup(t, keys, 100, DYNEMB_LOOKUP_TRAIN, 1, out));
   /* import over budget fails and changes nothing */
-  dynemb_snapshot s;
-  memset(&s, 0, sizeof s);
-  s.dim = 2;
-  s.row_floats = 2;
-  s.optimizer_kind = DYNEMB_OPT_SGD;
-  s.rows = 50;
-  s.keys = keys + 100;
   float vals[100] = {0};
-  s.values = vals;
+  dynemb_snapshot s = sgd_dim2_snapshot(keys + 100, 50, vals);
   CHECK_RC(dynemb_table_import(t, &s, 0, 0, 0), DYNEMB_ECAPACITY);
   CHECK(dynemb_table_size(t) == 100);
   CHECK_OK(dynemb_table_import(t, &s, DYNEMB_IMPORT_REPLACE, 0, 0));
@@ -783,6 +789,131 @@ static void test_host_budget(void) {
   CHECK(ev == 50);
   CHECK_OK(dynemb_lookup(t, keys, 100, DYNEMB_LOOKUP_TRAIN, 10, out));
   done(t);
+}
+
+/* A binding that exposes the budget under its own name gets that name in
+ * the "full" messages of lookups and imports (copied at creation). */
+static void tweak_named_budget(dynemb_table_config *c) {
+  static char name[] = "device_vocabulary_size";
+  c->host_vocabulary_size = 10;
+  c->host_budget_name = name;
+}
+
+static void test_host_budget_name(void) {
+  dynemb_table *t = make("bud_named", 2, tweak_named_budget);
+  dynemb_table_config got;
+  dynemb_table_get_config(t, &got);
+  CHECK(strcmp(got.host_budget_name, "device_vocabulary_size") == 0);
+  int64_t keys[11];
+  float out[22];
+  for (int i = 0; i < 11; i++) keys[i] = i;
+  CHECK_RC(dynemb_lookup(t, keys, 11, DYNEMB_LOOKUP_TRAIN, 1, out),
+           DYNEMB_ECAPACITY);
+  CHECK(strstr(dynemb_last_error(), "device_vocabulary_size = 10 rows is full") &&
+        strstr(dynemb_last_error(), "raise device_vocabulary_size") &&
+        !strstr(dynemb_last_error(), "host_vocabulary_size"));
+  float vals[22] = {0};
+  dynemb_snapshot s = sgd_dim2_snapshot(keys, 11, vals);
+  CHECK_RC(dynemb_table_import(t, &s, DYNEMB_IMPORT_REPLACE, 0, 0),
+           DYNEMB_ECAPACITY);
+  CHECK(strstr(dynemb_last_error(), "device_vocabulary_size is 10"));
+  done(t);
+}
+
+/* ---- the optimizer decided at first apply -------------------------------- */
+
+static const char *ssd_dir(void) {
+  const char *d = getenv("TMPDIR");
+  return d && *d ? d : "/tmp";
+}
+
+static void later_adam(dynemb_table_config *c) {
+  c->optimizer.kind = DYNEMB_OPT_ADAM;
+  c->init.kind = DYNEMB_INIT_UNIFORM;
+  c->init.a = -1.0f;
+  c->init.b = 1.0f;
+  c->shards = 4;
+}
+
+static void later_sgd(dynemb_table_config *c) {
+  later_adam(c);
+  c->optimizer.kind = DYNEMB_OPT_SGD;
+}
+
+static void later_adam_ssd(dynemb_table_config *c) {
+  later_adam(c);
+  c->host_vocabulary_size = 8;
+  c->ssd_vocabulary_size = 1000;
+  c->ssd_data_path = ssd_dir();
+}
+
+static void later_sgd_ssd(dynemb_table_config *c) {
+  later_adam_ssd(c);
+  c->optimizer.kind = DYNEMB_OPT_SGD;
+}
+
+/* A table made with SGD whose optimizer becomes Adam while it is empty
+ * trains exactly as a table made with Adam (the reference), in memory and
+ * over an SSD tier; once it holds rows the kind is fixed, nothing changes
+ * on a refused call, and the same kind still takes new hyper-parameters. */
+static void set_optimizer_case(void (*sgd)(dynemb_table_config *),
+                               void (*adam)(dynemb_table_config *)) {
+  dynemb_table *a = make("opt_later", 4, sgd), *b = make("opt_first", 4, adam);
+  CHECK(a && b);
+  dynemb_table_config cb;
+  dynemb_table_get_config(b, &cb);
+  CHECK(dynemb_table_row_floats(a) == 4);
+  CHECK_OK(dynemb_table_set_optimizer(a, &cb.optimizer));
+  CHECK(dynemb_table_row_floats(a) == 12);
+  int64_t keys[40];
+  float grads[40 * 4], out_a[40 * 4], out_b[40 * 4];
+  for (int step = 0; step < 6; step++) {
+    for (int i = 0; i < 40; i++) keys[i] = (i * 7 + step * 13) % 64;
+    for (int i = 0; i < 40 * 4; i++) grads[i] = 0.01f * (float)((i + step) % 9) - 0.04f;
+    CHECK_OK(dynemb_lookup(a, keys, 40, DYNEMB_LOOKUP_TRAIN, step, out_a));
+    CHECK_OK(dynemb_lookup(b, keys, 40, DYNEMB_LOOKUP_TRAIN, step, out_b));
+    CHECK(memcmp(out_a, out_b, sizeof out_a) == 0);
+    CHECK_OK(dynemb_apply(a, keys, 40, grads, 0.1f, NULL));
+    CHECK_OK(dynemb_apply(b, keys, 40, grads, 0.1f, NULL));
+  }
+  dynemb_snapshot sa, sb;
+  CHECK_OK(dynemb_table_snapshot(a, &sa));
+  CHECK_OK(dynemb_table_snapshot(b, &sb));
+  CHECK(sa.rows == sb.rows && sa.rows > 8 && sa.row_floats == 12 &&
+        sa.optimizer_kind == DYNEMB_OPT_ADAM);
+  CHECK(memcmp(sa.values, sb.values, sa.rows * 12 * sizeof(float)) == 0);
+  /* rows now: another kind is refused and changes nothing */
+  dynemb_optimizer sgd_opt = cb.optimizer;
+  sgd_opt.kind = DYNEMB_OPT_SGD;
+  CHECK_RC(dynemb_table_set_optimizer(a, &sgd_opt), DYNEMB_EMISMATCH);
+  CHECK(strstr(dynemb_last_error(), "'opt_later'") &&
+        strstr(dynemb_last_error(), "adam") && strstr(dynemb_last_error(), "sgd"));
+  CHECK(dynemb_table_row_floats(a) == 12);
+  dynemb_snapshot sa2;
+  CHECK_OK(dynemb_table_snapshot(a, &sa2));
+  CHECK(sa2.rows == sa.rows &&
+        memcmp(sa2.values, sa.values, sa.rows * 12 * sizeof(float)) == 0);
+  /* the same kind takes new hyper-parameters; invalid ones are refused */
+  dynemb_optimizer adam2 = cb.optimizer;
+  adam2.beta1 = 0.5f;
+  CHECK_OK(dynemb_table_set_optimizer(a, &adam2));
+  dynemb_table_config ca;
+  dynemb_table_get_config(a, &ca);
+  CHECK(ca.optimizer.beta1 == 0.5f);
+  adam2.beta1 = 1.0f;
+  CHECK_RC(dynemb_table_set_optimizer(a, &adam2), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_table_set_optimizer(a, NULL), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_table_set_optimizer(NULL, &adam2), DYNEMB_EINVAL);
+  dynemb_snapshot_free(&sa);
+  dynemb_snapshot_free(&sb);
+  dynemb_snapshot_free(&sa2);
+  dynemb_table_release(a);
+  done(b);
+}
+
+static void test_set_optimizer(void) {
+  set_optimizer_case(later_sgd, later_adam);
+  set_optimizer_case(later_sgd_ssd, later_adam_ssd);
 }
 
 static void test_key_shard_and_widen(void) {
@@ -840,6 +971,8 @@ int main(void) {
   RUN(test_colliding_keys);
   RUN(test_snapshot_import);
   RUN(test_host_budget);
+  RUN(test_host_budget_name);
+  RUN(test_set_optimizer);
   RUN(test_key_shard_and_widen);
   RUN(test_stats_bytes);
   return check_summary();

@@ -61,13 +61,27 @@ def test_dropped_table_at_run_time():
             s.run(out)
 
 
-def test_wrong_optimizer_for_table():
-    t = _t(optimizer_list=[adagrad.create_hash_optimizer(0.1)])
+def test_another_optimizer_for_a_table_that_holds_rows():
+    # The optimizer applied decides a table's slots only while it is empty
+    # (tests/py/test_optimizer_binding.py); once Adagrad trained rows, SGD is
+    # refused with both names, and so is a second optimizer in one graph.
+    ada = adagrad.create_hash_optimizer(0.1)
+    t = _t(optimizer_list=[ada])
     out = dynemb.sparse_lookup(t, tf.constant([1], tf.int64))
     _, sparse = dynemb.get_dense_and_sparse_variable()
     g = tf.gradients(tf.reduce_sum(out), sparse)
-    with pytest.raises(ValueError, match="'e' was created with optimizer"):
+    train = ada.apply_gradients(zip(g, sparse))
+    with pytest.raises(ValueError, match="'e' is already trained by sparse optimizer"):
         gradient_descent.create_hash_optimizer(0.1).apply_gradients(zip(g, sparse))
+    with tf.compat.v1.Session() as s:
+        s.run(train)
+    with tf.Graph().as_default():
+        t2 = _t(optimizer_list=[ada])
+        out = dynemb.sparse_lookup(t2, tf.constant([1], tf.int64))
+        _, sparse = dynemb.get_dense_and_sparse_variable()
+        g = tf.gradients(tf.reduce_sum(out), sparse)
+        with pytest.raises(dynemb.DynembError, match="holds 1 rows with adagrad state"):
+            gradient_descent.create_hash_optimizer(0.1).apply_gradients(zip(g, sparse))
 
 
 def test_dense_variable_given_to_sparse_optimizer():

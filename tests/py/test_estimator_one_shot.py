@@ -82,6 +82,7 @@ def _train(mode, model_dir):
     return np.array(losses), export_sorted("os_t")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("mode", ["modify", "feature_spec"])
 def test_estimator_trains_from_a_one_shot_iterator(tmp_path, mode):
     ref_losses, (ref_keys, ref_values) = _train("plain", tmp_path / "plain")

@@ -95,6 +95,7 @@ class EmbeddingTable:
         self.key_dtype = key_dtype
         self.optimizer = optimizer
         self.optimizer_list = [optimizer] if optimizer is not None else []
+        self.applied_by: Any = None  # the sparse optimizer applying its gradients here
         self.graph = graph
         self.is_save = is_save
         self.access_and_evict_config: Optional[dict[str, Any]] = None
@@ -147,23 +148,35 @@ def op_name(name: str) -> str:
     return s if re.match(r"[A-Za-z0-9.]", s) else "t" + s
 
 
-def _config_fields(c: _lib.TableConfig) -> dict[str, Any]:
-    """Comparable fields of an engine config (run-time knobs excluded)."""
-    o = c.optimizer
+_INIT_NAMES = {_lib.INIT_ZEROS: "zeros", _lib.INIT_CONSTANT: "constant",
+               _lib.INIT_UNIFORM: "uniform", _lib.INIT_NORMAL: "normal",
+               _lib.INIT_TRUNCATED_NORMAL: "truncated normal"}
+_OPT_NAMES = {_lib.OPT_SGD: "SGD", _lib.OPT_ADAGRAD: "Adagrad", _lib.OPT_ADAM: "lazy Adam",
+              _lib.OPT_FTRL: "FTRL"}
+
+
+def _config_fields(c: _lib.TableConfig) -> dict[str, str]:
+    """Comparable fields of an engine config (run-time knobs excluded), each
+    as the words a mismatch message uses."""
+    o, i = c.optimizer, c.init
     return {
-        "dim": c.dim,
-        "initializer": (c.init.kind, c.init.a, c.init.b, c.init.seed),
-        "optimizer": (o.kind, o.initial_accumulator_value, o.beta1, o.beta2,
-                      o.epsilon, o.learning_rate_power, o.l1, o.l2, o.l2_shrinkage),
-        "device_vocabulary_size": c.device_vocabulary_size,
-        "host_vocabulary_size": c.host_vocabulary_size,
-        "ssd_vocabulary_size": c.ssd_vocabulary_size,
-        "nonfinite_policy": c.nonfinite_policy,
+        "dim": str(c.dim),
+        "initializer": "%s (a=%g, b=%g, seed %d)" % (_INIT_NAMES.get(i.kind, i.kind), i.a,
+                                                      i.b, i.seed),
+        "sparse optimizer": "%s (initial accumulator %g, beta1 %g, beta2 %g, epsilon %g, "
+                            "learning rate power %g, l1 %g, l2 %g, l2 shrinkage %g)"
+                            % (_OPT_NAMES.get(o.kind, o.kind), o.initial_accumulator_value,
+                               o.beta1, o.beta2, o.epsilon, o.learning_rate_power, o.l1,
+                               o.l2, o.l2_shrinkage),
+        "capacity in memory": "unlimited" if not c.host_vocabulary_size else
+                              "%d rows" % c.host_vocabulary_size,
+        "ssd_vocabulary_size": str(c.ssd_vocabulary_size),
+        "nonfinite_policy": "error" if c.nonfinite_policy == 0 else "skip",
     }
 
 
 def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
-                 device_vocabulary_size: int = 1, host_vocabulary_size: int = 0,
+                 device_vocabulary_size: Optional[int] = None, host_vocabulary_size: int = 0,
                  ssd_vocabulary_size: int = 0, ssd_data_path: Any = (),
                  optimizer_list: Optional[list] = None, is_save: bool = True,
                  init_param: float = 1.0, all2all_gradients_op: Any = "sum_gradients",
@@ -172,11 +185,16 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
                  mode: Any = None, nonfinite_policy: str = "error") -> EmbeddingTable:
     """Creates (or, with an identical configuration, reuses) a dynamic table.
 
-    dim: int or tf.TensorShape([dim]). Tables need no preset size: with
-    ``init(use_dynamic_expansion=True)`` or a host/SSD tier
-    (host_vocabulary_size > 0) they grow on demand; a device-only table
-    without dynamic expansion holds at most device_vocabulary_size rows.
-    optimizer_list: [sparse optimizer] -- the row layout (slots) depends on it.
+    dim: int or tf.TensorShape([dim]). Tables need no preset size: a table
+    created without any size grows on demand, and so does one with
+    ``init(use_dynamic_expansion=True)`` or a host tier (host_vocabulary_size
+    > 0). A fixed capacity is only what the user asks for: a table given
+    device_vocabulary_size alone, without dynamic expansion, holds at most
+    that many rows (as in mxRec), and its "full" error names
+    device_vocabulary_size.
+    optimizer_list: [sparse optimizer] (optional; newer mxRec has none): the
+    optimizer applied to the table's gradients decides its optimizer state
+    (slots), in either order, as long as the table holds no rows yet.
     nonfinite_policy (dynemb only): 'error' rejects a batch whose gradients
     hold NaN/Inf, 'skip' drops those ids' updates and counts them.
     """
@@ -214,6 +232,8 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
         raise TypeError("create_table('%s'): optimizer_list must hold a dynemb sparse "
                         "optimizer (dynemb.optimizers.<kind>.create_hash_optimizer), "
                         "got %s" % (name, type(opt).__name__))
+    if device_vocabulary_size is None:
+        device_vocabulary_size = 0  # (0, like no size at all: grows on demand)
     for field, v in (("device_vocabulary_size", device_vocabulary_size),
                      ("host_vocabulary_size", host_vocabulary_size),
                      ("ssd_vocabulary_size", ssd_vocabulary_size)):
@@ -242,11 +262,16 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
         opt._engine_optimizer(c.optimizer)
     c.nonfinite_policy = 0 if nonfinite_policy == "error" else 1
     # Tiers: there is no device tier in this version, so rows mxRec would keep
-    # in device memory live in host memory too. A device-only table without
-    # dynamic expansion is fixed at device_vocabulary_size rows, as in mxRec;
-    # with a host tier, or dynamic expansion, it grows on demand.
-    if not (_state.get_use_dynamic_expansion() or host_vocabulary_size or ssd_vocabulary_size):
+    # in device memory live in host memory too. A table given only
+    # device_vocabulary_size, without dynamic expansion, is fixed at that many
+    # rows, as in mxRec (the engine's "full" message names that argument);
+    # without any size, with a host tier, or with dynamic expansion it grows
+    # on demand.
+    budget_name = b"device_vocabulary_size"
+    if device_vocabulary_size and not (_state.get_use_dynamic_expansion() or
+                                       host_vocabulary_size or ssd_vocabulary_size):
         c.host_vocabulary_size = device_vocabulary_size
+        c.host_budget_name = budget_name
     ssd_path_b = None
     if ssd_vocabulary_size:
         # device + host rows stay in memory, a cache above the SSD tier; the
@@ -280,13 +305,16 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
             old = _lib.TableConfig()
             _lib.clib.dynemb_table_get_config(existing, ctypes.byref(old))
             want, have = _config_fields(c), _config_fields(old)
-            diff = [k for k in want if want[k] != have[k]]
+            # (the optimizer is the applied one's: apply_gradients sets it)
+            diff = [k for k in want if want[k] != have[k] and k != "sparse optimizer"]
             if diff:
                 raise ValueError(
-                    "create_table: table '%s' already exists in this process with a "
-                    "different configuration (%s: existing %s, requested %s); use "
-                    "another name, or drop it first with dynemb.drop_table('%s')"
-                    % (name, diff[0], have[diff[0]], want[diff[0]], name))
+                    "create_table: table '%s' already exists in this process with "
+                    "another configuration: %s. Use another name, drop the old table "
+                    "first with dynemb.drop_table('%s'), or end the run with "
+                    "terminate_config_initializer() before init() again"
+                    % (name, "; ".join("its %s is %s, this call asks for %s"
+                                       % (k, have[k], want[k]) for k in diff), name))
             logger.debug("create_table('%s'): reusing the existing table", name)
         else:
             h = ctypes.c_void_p()
@@ -308,14 +336,7 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     return table
 
 
-def _release_handles() -> None:
-    """Gives back this process's references to its tables."""
-    for h in _state.HANDLES.values():
-        _lib.clib.dynemb_table_release(h)
-    _state.HANDLES.clear()
-
-
-atexit.register(_release_handles)
+atexit.register(_state.release_handles)
 
 
 def drop_table(name: str) -> None:
@@ -329,7 +350,7 @@ def drop_table(name: str) -> None:
 
 def clear_tables() -> None:
     """Removes every table from the process (tests, notebooks)."""
-    _release_handles()
+    _state.release_handles()
     _lib.clib.dynemb_registry_clear()
 
 

@@ -1,12 +1,15 @@
 """Sparse optimizers: hyper-parameters for the engine + apply_gradients.
 
 The math runs inside the engine (TensorFlow's exact update rules); the
-optimizer object only describes the hyper-parameters (they decide the row
-layout, so a table gets its optimizer at creation: optimizer_list=[opt])
-and turns ``zip(sparse_grads, sparse_variables)`` into DynembApply ops.
+optimizer object only describes the hyper-parameters and turns
+``zip(sparse_grads, sparse_variables)`` into DynembApply ops. The optimizer
+applied to a table decides its row layout (the optimizer's slots): a table
+created without ``optimizer_list`` (as newer mxRec creates them), or with
+another optimizer, takes the applied one as long as it holds no rows yet.
 """
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -81,7 +84,7 @@ class SparseOptimizer:
                 table = table_for_variable(var)
                 if grad is None:
                     continue
-                self._check_table(table)
+                self._bind_table(table)
                 if not isinstance(grad, tf.IndexedSlices):
                     raise TypeError(
                         "%s.apply_gradients: the gradient of table '%s' is a dense %s, "
@@ -104,23 +107,27 @@ class SparseOptimizer:
             with tf.control_dependencies(applies):
                 return tf.compat.v1.assign_add(global_step, 1).op
 
-    def _check_table(self, table: Any) -> None:
-        opt = table.optimizer
-        if opt is self:
+    def _bind_table(self, table: Any) -> None:
+        """Makes this optimizer the table's: the engine takes its kind and
+        hyper-parameters (a new kind only while the table holds no rows; the
+        engine's error names both kinds otherwise). One optimizer trains a
+        table: a second one applied in the same graph is refused."""
+        applied = table.applied_by
+        if applied is self:
             return
-        if opt is None:
-            if self.KIND == _lib.OPT_SGD:
-                return  # rows without slots: SGD fits
+        if applied is not None:
             raise ValueError(
-                "%s.apply_gradients: table '%s' was created without optimizer_list, so "
-                "its rows have no room for %s's slots; pass optimizer_list=[this "
-                "optimizer] to create_table" % (self._name, table.table_name,
-                                                 self.optimizer_type))
-        if opt.KIND != self.KIND or opt._hyper() != self._hyper():
-            raise ValueError(
-                "%s.apply_gradients: table '%s' was created with optimizer %s (%s); "
-                "apply its gradients with that optimizer object" % (
-                    self._name, table.table_name, opt.name, opt.optimizer_type))
+                "%s.apply_gradients: table '%s' is already trained by sparse optimizer %s "
+                "(%s) in this graph; apply each table's gradients with one optimizer"
+                % (self._name, table.table_name, applied.name, applied.optimizer_type))
+        o = _lib.Optimizer()
+        self._engine_optimizer(o)
+        with _lib.table_handle(table.table_name) as h:
+            _lib.check(_lib.clib.dynemb_table_set_optimizer(h, ctypes.byref(o)),
+                       "%s.apply_gradients" % self._name)
+        table.optimizer = self
+        table.optimizer_list = [self]
+        table.applied_by = self
 
     def minimize(self, loss: tf.Tensor, global_step: Optional[Any] = None,
                  var_list: Optional[list] = None, name: Optional[str] = None) -> tf.Operation:
