@@ -37,16 +37,40 @@ def test_lookup_shapes_and_dtypes(dtype, shape):
 
 
 def test_static_shape_and_send_count():
+    # send_count is mxRec's capacity of the ids a lookup sends: not used with
+    # dynamic shapes (init's default); in static-shape mode at least the
+    # batch's unique ids, checked at run time with a message naming it.
     t = _table(dim=2)
     out = dynemb.sparse_lookup(t, tf.constant([[1, 2], [3, 4]], tf.int64))
     assert out.shape.as_list() == [2, 2, 2]
     ids = tf.compat.v1.placeholder(tf.int64, [None])
-    out2 = dynemb.sparse_lookup(t, ids, send_count=6)
-    assert out2.shape.as_list() == [6, 2]
+    dynamic = dynemb.sparse_lookup(t, ids, send_count=2)
     with tf.compat.v1.Session() as s:
-        assert s.run(out2, {ids: np.arange(6)}).shape == (6, 2)
-        with pytest.raises(tf.errors.InvalidArgumentError):
-            s.run(out2, {ids: np.arange(5)})
+        assert s.run(dynamic, {ids: np.arange(6)}).shape == (6, 2)
+    for bad in (0, 2**31, 2.5, True):
+        with pytest.raises(ValueError, match="send_count must be an int"):
+            dynemb.sparse_lookup(t, ids, send_count=bad)
+    dynemb.init(use_dynamic=False, use_dynamic_expansion=True)
+    static = dynemb.sparse_lookup(t, ids, send_count=4)
+    with tf.compat.v1.Session() as s:
+        # 6 ids, 4 of them unique: within the capacity
+        assert s.run(static, {ids: [1, 1, 2, 3, 4, 4]}).shape == (6, 2)
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="send_count = 4 is below the number of unique ids"):
+            s.run(static, {ids: np.arange(5)})
+
+
+def test_mxrec_lookup_keywords():
+    t = _table(dim=2)
+    ids = tf.constant([1, 2], tf.int64)
+    out = dynemb.sparse_lookup(t, ids, dim=2, multi_lookup=True, lookup_ids=ids,
+                               feature_spec_name_ids_dict={})
+    assert out.shape.as_list() == [2, 2]
+    dynemb.sparse_lookup(t, ids, dim=tf.TensorShape([2]))
+    with pytest.raises(ValueError, match="dim = 3, but the table's dim is 2"):
+        dynemb.sparse_lookup(t, ids, dim=3)
+    with pytest.raises(TypeError, match="unexpected arguments \\['dimension'\\]"):
+        dynemb.sparse_lookup(t, ids, dimension=2)
 
 
 def test_int32_and_int64_ids_reach_the_same_rows():

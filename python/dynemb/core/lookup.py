@@ -13,7 +13,6 @@ mxRec's path for these is ``dynemb.core.embedding``.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -147,6 +146,15 @@ def _now_tensor(evict_cfg: Optional[dict], ids: tf.Tensor, is_train: bool) -> tf
     return tf.cast(tf.identity(gs), tf.int64)
 
 
+_MXREC_LOOKUP_KWARGS = ("dim", "feature_spec_name_ids_dict", "lookup_ids", "multi_lookup")
+
+
+def _dim_of(dim: Any) -> Any:
+    if isinstance(dim, tf.TensorShape):
+        return dim[0] if dim.rank == 1 else dim
+    return dim
+
+
 def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int] = None,
                   is_train: bool = True, name: Optional[str] = None,
                   modify_graph: bool = False, batch: Any = None,
@@ -156,7 +164,9 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
 
     is_train: train lookups insert new ids (subject to admission) and stamp
     their access time; eval lookups read unknown ids as the default value.
-    send_count: the static number of ids per step (gives a static shape).
+    send_count: mxRec's capacity of the ids a lookup sends, in static-shape
+    mode (init(use_dynamic=False)): at least the batch's unique ids (checked
+    at run time); not used with dynamic shapes.
     access_and_evict_config: {'access_threshold': n, 'eviction_threshold': t}
     (dynemb also takes 'eviction_clock': 'step' (default) or 'wall').
     is_grad=False: no gradient flows to the table from this lookup.
@@ -167,13 +177,21 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     the lookups in the model; plain train lookups of one table that run in
     parallel count ids they share in TensorFlow's scheduling order.
     ids may also be a FeatureSpec, with batch=iterator.get_next().
+    mxRec's keywords dim (must be the table's), multi_lookup (several
+    lookups of a table always work), feature_spec_name_ids_dict and
+    lookup_ids (mxRec-internal) are accepted; others raise TypeError.
     """
-    if kwargs:
-        raise TypeError("sparse_lookup: unexpected arguments %s" % sorted(kwargs))
+    unknown = sorted(set(kwargs) - set(_MXREC_LOOKUP_KWARGS))
+    if unknown:
+        raise TypeError("sparse_lookup: unexpected arguments %s (mxRec's are %s)"
+                        % (unknown, ", ".join(_MXREC_LOOKUP_KWARGS)))
     if not isinstance(hashtable, EmbeddingTable):
         raise TypeError("sparse_lookup: hashtable must be a table from create_table(), "
                         "got %s" % type(hashtable).__name__)
     tname = hashtable.table_name
+    if kwargs.get("dim") is not None and _dim_of(kwargs["dim"]) != hashtable.dim:
+        raise ValueError("sparse_lookup('%s'): dim = %r, but the table's dim is %d; drop "
+                         "dim or pass the table's" % (tname, kwargs["dim"], hashtable.dim))
     _state.require_init("sparse_lookup('%s')" % tname)
     require_graph_mode("sparse_lookup('%s')" % tname)
     graph = tf.compat.v1.get_default_graph()
@@ -211,7 +229,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     dim = hashtable.dim
     with tf.name_scope(name or op_name(tname) + "_lookup"):
         if send_count is not None:
-            ids = _static_ids(ids, int(send_count), tname)
+            ids = _check_send_count(ids, send_count, tname)
         now = _now_tensor(evict_cfg, ids, bool(is_train))
         # Plain train lookups of one table that TensorFlow runs in parallel
         # count shared ids for admission in scheduling order; the pipeline
@@ -245,22 +263,25 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     return out
 
 
-def _static_ids(ids: tf.Tensor, send_count: int, tname: str) -> tf.Tensor:
-    """Gives `ids` a static shape with send_count elements (checked at run time)."""
-    if send_count <= 0:
-        raise ValueError("sparse_lookup('%s'): send_count must be > 0" % tname)
-    shape = ids.shape.as_list() if ids.shape.rank is not None else [None]
-    unknown = [i for i, d in enumerate(shape) if d is None]
-    known = int(math.prod(d for d in shape if d is not None))
-    if not unknown:
-        if known != send_count:
-            raise ValueError("sparse_lookup('%s'): ids have %d elements but send_count is "
-                             "%d" % (tname, known, send_count))
+def _check_send_count(ids: tf.Tensor, send_count: Any, tname: str) -> tf.Tensor:
+    """mxRec's send_count: in static-shape mode (init(use_dynamic=False)) the
+    capacity of the ids a lookup sends to their owner, i.e. at least the
+    batch's unique ids (one process owns them all); with dynamic shapes it is
+    not used. Returns `ids`, checked at run time against the capacity in
+    static-shape mode."""
+    if isinstance(send_count, bool) or not isinstance(send_count, int) or \
+            not 1 <= send_count <= 2**31 - 1:
+        raise ValueError("sparse_lookup('%s'): send_count must be an int in [1, 2^31-1], "
+                         "got %r" % (tname, send_count))
+    if _state.require_init("sparse_lookup('%s')" % tname).get("use_dynamic", True):
         return ids
-    if len(unknown) > 1 or send_count % max(known, 1):
-        raise ValueError("sparse_lookup('%s'): cannot give ids of shape %s a static shape "
-                         "with send_count=%d; reshape ids so that only one dimension is "
-                         "unknown" % (tname, ids.shape, send_count))
-    shape[unknown[0]] = send_count // max(known, 1)
-    return tf.ensure_shape(ids, shape)
+    unique = tf.size(tf.unique(tf.reshape(ids, [-1]))[0])
+    check = tf.debugging.Assert(
+        unique <= send_count,
+        ["sparse_lookup(%s): send_count = %d is below the number of unique ids of this "
+         "batch, which is" % (tname, send_count), unique,
+         "; raise send_count to at least that (static-shape mode, "
+         "init(use_dynamic=False))"])
+    with tf.control_dependencies([check]):
+        return tf.identity(ids)
 

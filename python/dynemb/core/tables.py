@@ -98,6 +98,8 @@ class EmbeddingTable:
         self.applied_by: Any = None  # the sparse optimizer applying its gradients here
         self.graph = graph
         self.is_save = is_save
+        self.is_dp = False
+        self.padding_keys: tuple = ()  # keys whose rows are never updated
         self.access_and_evict_config: Optional[dict[str, Any]] = None
         self.tiered = False  # has an SSD tier (set by create_table)
         with graph.as_default(), graph.name_scope(None):
@@ -175,11 +177,34 @@ def _config_fields(c: _lib.TableConfig) -> dict[str, str]:
     }
 
 
+def _padding_keys(name: str, keys: Any, mask: Any) -> tuple:
+    """The padding keys as a tuple of ints (mxRec's rule: keys and the mask
+    come together)."""
+    if keys is None:
+        if mask:
+            raise ValueError("create_table('%s'): padding_keys_mask=True needs padding_keys "
+                             "(an int64 or a list of them)" % name)
+        return ()
+    listed = list(keys) if isinstance(keys, (list, tuple)) else [keys]
+    if not listed or any(isinstance(k, bool) or not isinstance(k, int) or
+                         not -2**63 <= k < 2**63 for k in listed):
+        raise ValueError("create_table('%s'): padding_keys must be an int64 or a non-empty "
+                         "list of int64 keys, got %r" % (name, keys))
+    if not mask:
+        raise ValueError("create_table('%s'): padding_keys is set but padding_keys_mask is "
+                         "False; pass padding_keys_mask=True for their rows not to be "
+                         "updated, or drop padding_keys" % name)
+    return tuple(sorted(set(listed)))
+
+
 def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
                  device_vocabulary_size: Optional[int] = None, host_vocabulary_size: int = 0,
                  ssd_vocabulary_size: int = 0, ssd_data_path: Any = (),
                  optimizer_list: Optional[list] = None, is_save: bool = True,
-                 init_param: float = 1.0, all2all_gradients_op: Any = "sum_gradients",
+                 is_dp: bool = False, init_param: float = 1.0,
+                 all2all_gradients_op: Any = "sum_gradients", enable_merge: bool = False,
+                 padding_keys: Any = None, padding_keys_mask: bool = False,
+                 padding_keys_len: Optional[int] = None,
                  value_dtype: Any = tf.float32, shard_num: int = 1,
                  fusion_optimizer_var: bool = True, hashtable_threshold: int = 0,
                  mode: Any = None, nonfinite_policy: str = "error") -> EmbeddingTable:
@@ -197,8 +222,17 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     (slots), in either order, as long as the table holds no rows yet.
     nonfinite_policy (dynemb only): 'error' rejects a batch whose gradients
     hold NaN/Inf, 'skip' drops those ids' updates and counts them.
+    is_dp: mxRec's data-parallel (replicated) table; with one process a
+    table is one copy either way. enable_merge: mxRec merges tables of equal
+    configuration to save host-device channels; dynemb keeps them apart
+    (nothing to save). padding_keys (an int64 or a list of them, with
+    padding_keys_mask=True): keys whose rows are never updated; their
+    gradients are dropped. padding_keys_len (the feature's static id count)
+    is accepted: dynemb needs no static shape for it.
     """
     del all2all_gradients_op, shard_num, fusion_optimizer_var, hashtable_threshold, mode
+    del enable_merge, padding_keys_len
+    pads = _padding_keys(name, padding_keys, padding_keys_mask)
     cfg_init = _state.require_init("create_table('%s')" % name)
     require_graph_mode("create_table('%s')" % name)
     if nonfinite_policy not in ("error", "skip"):
@@ -323,6 +357,8 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
             _state.HANDLES[name] = h
 
     table = EmbeddingTable(name, dim, key_dtype, opt, graph, is_save)
+    table.is_dp = bool(is_dp)
+    table.padding_keys = pads
     table.tiered = bool(ssd_vocabulary_size)
     st.tables[name] = table
     st.anchors[table.anchor.name] = table

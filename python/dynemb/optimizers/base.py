@@ -96,6 +96,11 @@ class SparseOptimizer:
                 if keys.dtype != tf.int64:
                     keys = tf.cast(keys, tf.int64)
                 values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, table.dim])
+                if table.padding_keys:  # their rows are never updated
+                    pads = tf.constant(table.padding_keys, tf.int64)
+                    keep = tf.logical_not(tf.reduce_any(
+                        tf.equal(keys[:, None], pads[None, :]), axis=1))
+                    keys, values = tf.boolean_mask(keys, keep), tf.boolean_mask(values, keep)
                 # `trainable` and `tickets` are used only when a pipeline
                 # mode sets use_trainable / use_tickets (dynemb.graph.rewrite).
                 applies.append(_lib.ops.dynemb_apply(
