@@ -12,6 +12,7 @@ from dynemb.core.asc.feature_spec import FeatureSpec
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
 from dynemb.core.feature_process import EvictHook
+from dynemb.core.table_stats import TableStatsHook, add_table_summaries
 from dynemb.core.warm_start import WarmStartError, patch_tensorflow as _patch_tensorflow, warm_start
 from dynemb.graph.modifier import GraphModifierHook, modify_graph_and_start_emb_cache
 from dynemb.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
@@ -37,7 +38,7 @@ _patch_tensorflow()
 _patch_saver()
 
 __all__ = [
-    "DynembError", "EmbeddingTable", "EvictHook", "ConfigInitializer", "FeatureSpec",
+    "DynembError", "EmbeddingTable", "EvictHook", "TableStatsHook", "add_table_summaries", "ConfigInitializer", "FeatureSpec",
     "GraphModifierHook", "get_asc_insert_func", "modify_graph_and_start_emb_cache",
     "start_asc_pipeline", "adagrad", "clear_channel",
     "clear_tables", "create_table", "drop_table", "ftrl", "get_dense_and_sparse_variable",

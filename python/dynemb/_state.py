@@ -62,6 +62,8 @@ class GraphState:
         self.anchors: dict[str, Any] = {}  # anchor tensor name -> EmbeddingTable
         self.lookups: list[dict[str, Any]] = []
         self.evict_configs: dict[str, dict[str, Any]] = {}
+        # table name -> {figure: tensor} (dynemb.core.table_stats)
+        self.stats: dict[str, dict[str, Any]] = {}
 
 
 @dataclass

@@ -43,6 +43,7 @@ LAYERS = {
     "dynemb.core.asc.lookups": 3,
     "dynemb.core.asc.insert": 3,
     "dynemb.core.eviction": 3,
+    "dynemb.core.table_stats": 3,
     "dynemb.core.warm_start": 3,
     "dynemb.graph.modification": 3,
     "dynemb.optimizers.base": 3,
