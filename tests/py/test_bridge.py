@@ -214,7 +214,7 @@ def test_tier_parameters_are_accepted_and_validated(tmp_path):
     assert t.size() == 20
     st = t.stats()
     assert st["host_rows"] == 12 and st["ssd_rows"] == 8 and st["ssd_bytes"] >= 8 * 2 * 4
-    with pytest.raises(ValueError, match="needs ssd_data_path"):
+    with pytest.raises(ValueError, match="needs rows in memory above it"):
         _table("tiers2", dim=2, ssd_vocabulary_size=10)
     blocker = tmp_path / "file"
     blocker.write_text("x")

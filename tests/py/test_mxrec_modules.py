@@ -221,3 +221,21 @@ def test_compatibility_table_counts_match_its_rows():
     assert [int(x) for x in said.groups()] == [len(rows), counts["same"], counts["no effect"],
                                                 counts["different"],
                                                 counts["missing (planned)"]]
+
+
+@pytest.mark.parametrize("env, level", [({"MXREC_LOG_LEVEL": "debug"}, "DEBUG"),
+                                        ({"MXREC_LOG_LEVEL": "debug",
+                                          "DYNEMB_LOG_LEVEL": "warning"}, "WARNING"),
+                                        ({}, "INFO")])
+def test_log_level_from_mxrecs_variable(env, level):
+    # A fresh interpreter: the logger reads the environment when dynemb loads.
+    import os
+    import subprocess
+    import sys
+    run_env = {k: v for k, v in os.environ.items()
+               if k not in ("MXREC_LOG_LEVEL", "DYNEMB_LOG_LEVEL")}
+    run_env.update(env)
+    out = subprocess.run([sys.executable, "-c", "import logging; from dynemb.util.log import "
+                          "logger; print(logging.getLevelName(logger.level))"],
+                         env=run_env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == level, out.stderr

@@ -82,6 +82,19 @@ def test_ssd_tier_errors(tmp_path):
                             ssd_data_path=str(tmp_path))
 
 
+@pytest.mark.parametrize("path", [None, []], ids=["default", "empty_list"])
+def test_ssd_data_path_defaults_to_the_working_directory(tmp_path, monkeypatch, path):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    kw = {} if path is None else {"ssd_data_path": path}
+    t = dynemb.create_table(tf.int64, 2, "cwd", tf.compat.v1.zeros_initializer(),
+                            host_vocabulary_size=2, ssd_vocabulary_size=10, **kw)
+    with tf.compat.v1.Session() as s:
+        s.run(dynemb.sparse_lookup(t, tf.constant(np.arange(8), tf.int64)))
+    assert t.stats()["ssd_rows"] == 6
+
+
 def test_full_tiers_name_both_sizes(tmp_path):
     t = dynemb.create_table(tf.int64, 2, "small", tf.compat.v1.zeros_initializer(),
                             device_vocabulary_size=2, host_vocabulary_size=2,

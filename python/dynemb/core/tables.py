@@ -199,7 +199,7 @@ def _padding_keys(name: str, keys: Any, mask: Any) -> tuple:
 
 def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
                  device_vocabulary_size: Optional[int] = None, host_vocabulary_size: int = 0,
-                 ssd_vocabulary_size: int = 0, ssd_data_path: Any = (),
+                 ssd_vocabulary_size: int = 0, ssd_data_path: Any = None,
                  optimizer_list: Optional[list] = None, is_save: bool = True,
                  is_dp: bool = False, init_param: float = 1.0,
                  all2all_gradients_op: Any = "sum_gradients", enable_merge: bool = False,
@@ -311,10 +311,10 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
         # device + host rows stay in memory, a cache above the SSD tier; the
         # engine moves the least recently used ones to a file in ssd_data_path
         # (one directory per table: a list spreads tables over disks).
+        # (mxRec's default and an empty list: the working directory)
         paths = [ssd_data_path] if isinstance(ssd_data_path, str) else list(ssd_data_path or ())
         if not paths:
-            raise ValueError("create_table('%s'): ssd_vocabulary_size > 0 needs "
-                             "ssd_data_path (a directory, or a list of them)" % name)
+            paths = [os.getcwd()]
         for path in map(str, paths):
             try:
                 os.makedirs(path, exist_ok=True)
