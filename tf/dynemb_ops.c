@@ -38,6 +38,9 @@
  *                 attr source_name from engine checkpoint attr dir (warm
  *                 start of tables with an SSD tier)
  *   DynembStats   -> int64 [20] (dynemb_table_stats, in field order)
+ *   DynembSetAccessThreshold threshold int64 scalar (0 .. 2^32-1) ->
+ *                 previous int64 scalar: dynemb_table_set_access_threshold
+ *                 (mxRec's set_threshold as an op the script runs)
  *
  * Facts about TF 2.15.1's C API verified while writing this file:
  *  - tf.load_op_library calls no init symbol: registration runs from an
@@ -54,7 +57,7 @@
  *    comes from TF_OpKernelConstruction_GetAttrSize (total_size) and the
  *    buffer is calloc'ed one byte longer.
  *  - TF_ShapeInferenceContextSetUnknownShape sets every output (ops.h), so
- *    one shape function serves all six ops.
+ *    one shape function serves every op.
  *  - A kernel registered without TF_KernelBuilder_TypeConstraint serves
  *    every type the op's type attr allows (int32 and int64 ids here).
  *  - ops.h is C++-only as shipped: it declares `struct TF_ShapeHandle;` etc.
@@ -771,6 +774,42 @@ static void stats_compute(void *p, TF_OpKernelContext *ctx) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* DynembSetAccessThreshold                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Changes the table's admission threshold when the op runs (so a script can
+ * change it between steps of one session) and outputs the previous one. */
+static void set_access_threshold_compute(void *p, TF_OpKernelContext *ctx) {
+  const kstate *k = p;
+  TF_Tensor *tt = NULL;
+  dynemb_table *t = NULL;
+  int64_t threshold = 0;
+  if (!(tt = input(ctx, "threshold"))) goto done;
+  if (scalar_i64(ctx, tt, "set_access_threshold", "threshold", &threshold))
+    goto done;
+  if (threshold < 0 || threshold > (int64_t)UINT32_MAX) {
+    fail(ctx, TF_INVALID_ARGUMENT,
+         "dynemb set_access_threshold: table '%s': threshold = %lld is out "
+         "of range; give a number of sightings from 0 to 4294967295",
+         k->table_name, (long long)threshold);
+    goto done;
+  }
+  if (!(t = find_table(ctx, k, "set_access_threshold"))) goto done;
+  dynemb_table_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  dynemb_table_get_config(t, &cfg);
+  int rc = dynemb_table_set_access_threshold(t, (uint32_t)threshold);
+  if (rc != DYNEMB_OK) {
+    fail_engine(ctx, rc, "set_access_threshold");
+    goto done;
+  }
+  set_scalar_output(ctx, 0, (int64_t)cfg.access_threshold);
+done:
+  if (tt) TF_DeleteTensor(tt);
+  dynemb_table_release(t);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Registration                                                              */
 /* ------------------------------------------------------------------------ */
 
@@ -854,4 +893,7 @@ __attribute__((constructor)) static void dynemb_register_ops(void) {
               load_compute);
   register_op("DynembStats", LIST("table_name: string"), NULL,
               LIST("stats: int64"), create_plain, stats_compute);
+  register_op("DynembSetAccessThreshold", LIST("table_name: string"),
+              LIST("threshold: int64"), LIST("previous: int64"), create_plain,
+              set_access_threshold_compute);
 }

@@ -12,7 +12,10 @@ mechanism just to reach a registry:
     apply ops either mode switched to its lookups (``switched_applies``);
   * which table each FeatureSpec feeds (``table_of_feature``);
   * the settings given to ``init()`` (``ConfigInitializer``: mxRec's
-    ``mx_rec.util.initialize``), with its run-time knob ``set_threshold``.
+    ``mx_rec.util.initialize``), with its run-time knob ``set_threshold`` and
+    mxRec's ``train_params_config`` (``TrainParamsConfig``), whose pipeline
+    queries are answered by dynemb.graph.modification through
+    ``PIPELINE_QUERIES`` (this module sits below it).
 
 One worker per process: ``get_rank_id()`` is 0 and ``get_rank_size()`` 1.
 """
@@ -27,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional
 import tensorflow as tf
 
 from dynemb import _lib
+from dynemb.constants.constants import DYNEMB_SPARSE_VARIABLES
 from dynemb.util.log import logger
 
 # --------------------------------------------------------------------------
@@ -75,6 +79,11 @@ class ModificationState:
     one_shot: Dict[bool, bool] = field(default_factory=lambda: {True: False, False: False})
     # reinitializable iterators with several datasets (get_initializer is ambiguous)
     several_datasets: List[str] = field(default_factory=list)
+    # the batch each rewritten iterator now yields (get_target_batch): the
+    # get_next outputs of a rebuilt pipeline (train) or of an unchanged one
+    # (eval), in the original get_next order
+    target_batches: Dict[bool, List[List[tf.Tensor]]] = field(
+        default_factory=lambda: {True: [], False: []})
 
 
 @dataclass
@@ -202,6 +211,96 @@ class _HostPipelineOps:
         set_access_threshold(threshold, emb_name=emb_name, ids_name=ids_name)
 
 
+# Answers to TrainParamsConfig's pipeline questions, filled in by a higher
+# layer when it is imported (dynemb.util.initialize): "initializer" and
+# "target_batch", each called with is_training.
+PIPELINE_QUERIES: Dict[str, Callable[[bool], Any]] = {}
+
+# The graph collection of the tables' sparse variables, which
+# ascend_global_hashtable_collection names until a script renames it (mxRec's
+# own default name is another: scripts read the name, not a literal).
+_SPARSE_VARIABLES = DYNEMB_SPARSE_VARIABLES
+
+
+def _is_training(is_training: Any, what: str) -> bool:
+    if not isinstance(is_training, bool):
+        raise TypeError("train_params_config.%s(is_training): is_training must be True "
+                        "(training) or False (evaluation), got %r" % (what, is_training))
+    return is_training
+
+
+class TrainParamsConfig:
+    """mxRec's training-parameter holder (``ConfigInitializer.get_instance()
+    .train_params_config``): the rebuilt pipelines of automatic graph
+    modification, the data channels' ids and the tables' collection name."""
+
+    def __init__(self, owner: "ConfigInitializer"):
+        self._owner = owner
+        self._collection = _SPARSE_VARIABLES
+
+    def _query(self, what: str, is_training: bool) -> Any:
+        fn = PIPELINE_QUERIES.get(what)
+        if fn is None:
+            raise RuntimeError("train_params_config.get_%s: dynemb.graph.modification is "
+                               "not loaded; import dynemb" % what)
+        return fn(is_training)
+
+    def get_initializer(self, is_training: bool) -> tf.Operation:
+        """The op that initializes the train (True) or eval (False) pipeline
+        graph modification rebuilt (dynemb.graph.modifier.get_initializer)."""
+        return self._query("initializer", _is_training(is_training, "get_initializer"))
+
+    def get_target_batch(self, is_training: bool) -> List[tf.Tensor]:
+        """The batch the train (True) or eval (False) lookups read after graph
+        modification: the get_next outputs of the rebuilt pipeline, in the
+        order of tf.nest.flatten of the original batch."""
+        return self._query("target_batch", _is_training(is_training, "get_target_batch"))
+
+    def get_training_mode_channel_id(self, is_training: bool) -> int:
+        """The data channel of the train (0) or eval (1) pipeline, the ids
+        clear_channel takes."""
+        return 0 if _is_training(is_training, "get_training_mode_channel_id") else 1
+
+    @property
+    def ascend_global_hashtable_collection(self) -> str:
+        """Name of the graph collection holding the tables' sparse variables
+        (get_dense_and_sparse_variable's second list). Reading it after a
+        rename adds the default graph's tables to the renamed collection."""
+        if self._collection != _SPARSE_VARIABLES:
+            _copy_sparse_variables(self._collection)
+        return self._collection
+
+    @ascend_global_hashtable_collection.setter
+    def ascend_global_hashtable_collection(self, name: str) -> None:
+        if not isinstance(name, str) or not 1 <= len(name) <= 255:
+            raise ValueError("ascend_global_hashtable_collection must be a string of 1 to "
+                             "255 characters, got %r" % (name,))
+        self._collection = name
+        if name != _SPARSE_VARIABLES:
+            _copy_sparse_variables(name)
+
+    @property
+    def use_dynamic_expansion(self) -> bool:
+        return self._owner.use_dynamic_expansion
+
+    @property
+    def use_dynamic(self) -> bool:
+        return self._owner.use_dynamic
+
+    @property
+    def use_static(self) -> bool:
+        return self._owner.use_static
+
+
+def _copy_sparse_variables(collection: str) -> None:
+    """Adds the default graph's table variables missing from `collection`."""
+    graph = tf.compat.v1.get_default_graph()
+    present = graph.get_collection(collection)
+    for var in graph.get_collection(_SPARSE_VARIABLES):
+        if all(v is not var for v in present):
+            graph.add_to_collection(collection, var)
+
+
 class ConfigInitializer:
     """The settings given to init(); a process singleton."""
     _instance: Optional["ConfigInitializer"] = None
@@ -220,6 +319,7 @@ class ConfigInitializer:
                 "worker per process group; use rank_id=0, rank_size=1"
                 % (self.config["rank_id"], self.config["rank_size"]))
         self.host_pipeline_ops = _HostPipelineOps()
+        self.train_params_config = TrainParamsConfig(self)
         self.terminate_hooks: list[Callable[[], None]] = []
 
     @classmethod
@@ -231,6 +331,31 @@ class ConfigInitializer:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.config.get(key, default)
+
+    @property
+    def if_load(self) -> bool:
+        """Whether the script is going to load a trained model (init's
+        if_load, or set_if_load)."""
+        return bool(self.config["if_load"])
+
+    @if_load.setter
+    def if_load(self, value: bool) -> None:
+        self.config["if_load"] = bool(value)
+
+    @property
+    def use_dynamic_expansion(self) -> bool:
+        """init(use_dynamic_expansion=...): tables given only a device size grow."""
+        return bool(self.config["use_dynamic_expansion"])
+
+    @property
+    def use_dynamic(self) -> bool:
+        """init(use_dynamic=...): dynamic shapes (True, mxRec's default)."""
+        return bool(self.config["use_dynamic"])
+
+    @property
+    def use_static(self) -> bool:
+        """Static-shape mode: not use_dynamic (send_count is then a capacity)."""
+        return not self.use_dynamic
 
 
 def init(**kwargs: Any) -> None:

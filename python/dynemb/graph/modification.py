@@ -220,6 +220,8 @@ def _register_unchanged(st: _state.ModificationState, get_next: tf.Operation) ->
     it = get_next.inputs[0]
     makers = [c for c in it.consumers() if c.type == "MakeIterator"]
     st.initializers[False].extend(makers)
+    if all(b[0] is not get_next.outputs[0] for b in st.target_batches[False]):
+        st.target_batches[False].append(list(get_next.outputs))
     if it.op.type == "OneShotIterator":
         st.one_shot[False] = True
 
@@ -268,6 +270,7 @@ def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next:
     if len(ext.initializers) > 1:
         st.several_datasets.append(ext.iterator_name)
     st.initializers[True].extend(ext.initializers)
+    st.target_batches[True].append(list(ext.new_get_next.outputs[:len(get_next.outputs)]))
 
 
 def get_initializer(is_training: bool = True) -> tf.Operation:
@@ -279,15 +282,7 @@ def get_initializer(is_training: bool = True) -> tf.Operation:
     """
     graph = tf.compat.v1.get_default_graph()
     mode = "train" if is_training else "eval"
-    wanted = [r for r in _state.graph_state(graph).lookups
-              if r.get("modify_graph") and bool(r["is_train"]) == bool(is_training)]
-    st = _state.existing_modification_state(graph)
-    if wanted and (st is None or any(r["op"].name not in st.done for r in wanted)):
-        raise GraphModificationError(
-            f"get_initializer({bool(is_training)}): the graph has {mode} lookups with "
-            f"modify_graph=True that were not modified yet; call "
-            f"modify_graph_and_start_emb_cache() first (after building the model and the "
-            f"train op, before creating the session)")
+    st = _modified_state(graph, is_training, "get_initializer")
     if st is not None and is_training and st.several_datasets:
         raise GraphModificationError(
             f"get_initializer(True): iterator '{st.several_datasets[0]}' is initialized with "
@@ -300,6 +295,50 @@ def get_initializer(is_training: bool = True) -> tf.Operation:
     if len(inits) == 1:
         return inits[0]
     return tf.group(*inits, name=f"dynemb_{mode}_initializer")
+
+
+def _modified_state(graph: tf.Graph, is_training: bool,
+                    what: str) -> Optional[_state.ModificationState]:
+    """The graph's modification state; raises if lookups of that mode are
+    still waiting for modify_graph_and_start_emb_cache()."""
+    mode = "train" if is_training else "eval"
+    wanted = [r for r in _state.graph_state(graph).lookups
+              if r.get("modify_graph") and bool(r["is_train"]) == bool(is_training)]
+    st = _state.existing_modification_state(graph)
+    if wanted and (st is None or any(r["op"].name not in st.done for r in wanted)):
+        raise GraphModificationError(
+            f"{what}({bool(is_training)}): the graph has {mode} lookups with "
+            f"modify_graph=True that were not modified yet; call "
+            f"modify_graph_and_start_emb_cache() first (after building the model and the "
+            f"train op, before creating the session)")
+    return st
+
+
+def get_target_batch(is_training: bool = True) -> List[tf.Tensor]:
+    """The batch the train (True) or eval (False) lookups of the default graph
+    read after modification: the outputs of the rebuilt pipeline's get_next
+    (train; the original iterator's for eval, which is not rebuilt), in the
+    order of tf.nest.flatten of the original batch
+    (``tf.nest.pack_sequence_as(batch, ...)`` gives the batch's structure back).
+    Fetch these instead of the original get_next tensors, which still read
+    the original iterator."""
+    graph = tf.compat.v1.get_default_graph()
+    mode = "train" if is_training else "eval"
+    st = _modified_state(graph, is_training, "get_target_batch")
+    batches = st.target_batches[bool(is_training)] if st is not None else []
+    if not batches:
+        raise GraphModificationError(
+            f"get_target_batch({bool(is_training)}): automatic graph modification rebuilt "
+            f"no {mode} pipeline in the default graph: build {mode} lookups with "
+            f"sparse_lookup(..., is_train={bool(is_training)}, modify_graph=True) and call "
+            f"modify_graph_and_start_emb_cache()")
+    if len(batches) > 1:
+        names = ", ".join(b[0].op.name for b in batches)
+        raise GraphModificationError(
+            f"get_target_batch({bool(is_training)}): {len(batches)} {mode} pipelines were "
+            f"modified ({names}); there is one batch per pipeline: read the one you want "
+            f"from its lookups' inputs")
+    return list(batches[0])
 
 
 class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
