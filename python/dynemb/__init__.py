@@ -33,7 +33,7 @@ def version() -> str:
 # tf.compat.v1.train.warm_start (which Estimator calls for warm_start_from)
 # learns dynemb tables and mxRec's multi-path settings (docs/warm-start.md).
 _patch_tensorflow()
-# Saver checkpoints hold tables with an SSD tier in <prefix>.dynemb directories
+# Saver checkpoints hold the tables in sparse-<prefix> directories (mxRec's layout)
 # (streamed; docs/ssd-tier.md).
 _patch_saver()
 

@@ -84,6 +84,15 @@ class TableConfig(ctypes.Structure):
         ("host_budget_name", ctypes.c_char_p)]
 
 
+class CkptEntry(ctypes.Structure):
+    """dynemb_ckpt_entry: one table of an engine checkpoint."""
+    _fields_ = [("name", ctypes.c_char_p), ("file", ctypes.c_char_p),
+                ("format_version", ctypes.c_int), ("dim", ctypes.c_int),
+                ("row_floats", ctypes.c_int), ("optimizer_kind", ctypes.c_int),
+                ("rows", ctypes.c_uint64), ("candidates", ctypes.c_uint64),
+                ("apply_steps", ctypes.c_uint64), ("file_bytes", ctypes.c_uint64)]
+
+
 class TableStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in STATS_FIELDS]
 
@@ -105,6 +114,10 @@ _SIGS = {
     "dynemb_table_set_eviction_threshold": (ctypes.c_int, [_P, ctypes.c_int64]),
     "dynemb_table_set_default_value": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_float)]),
     "dynemb_table_set_optimizer": (ctypes.c_int, [_P, ctypes.POINTER(Optimizer)]),
+    "dynemb_checkpoint_inspect": (ctypes.c_int, [ctypes.c_char_p,
+                                                 ctypes.POINTER(ctypes.POINTER(CkptEntry)),
+                                                 ctypes.POINTER(ctypes.c_size_t)]),
+    "dynemb_ckpt_entries_free": (None, [ctypes.POINTER(CkptEntry), ctypes.c_size_t]),
     "dynemb_table_get_stats": (None, [_P, ctypes.POINTER(TableStats)]),
     "dynemb_table_size": (ctypes.c_uint64, [_P]),
     "dynemb_table_capacity": (ctypes.c_uint64, [_P]),

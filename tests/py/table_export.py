@@ -1,6 +1,9 @@
 """The rows of a dynemb table as numpy arrays sorted by key, read through the
 DynembExport op in a graph and session of their own (shared by the tests that
 compare whole tables)."""
+import ctypes
+import os
+
 import numpy as np
 import tensorflow as tf
 
@@ -13,3 +16,39 @@ def export_sorted(name):
         out = s.run(list(_lib.ops.dynemb_export(table_name=name)))
     order = np.argsort(out[1])
     return out[1][order], out[2][order]
+
+
+class _Snapshot(ctypes.Structure):
+    """dynemb_snapshot (include/dynemb.h)."""
+    _fields_ = [("dim", ctypes.c_int), ("row_floats", ctypes.c_int),
+                ("optimizer_kind", ctypes.c_int), ("apply_steps", ctypes.c_uint64),
+                ("rows", ctypes.c_size_t), ("keys", ctypes.POINTER(ctypes.c_int64)),
+                ("values", ctypes.POINTER(ctypes.c_float)),
+                ("last_access", ctypes.POINTER(ctypes.c_uint32)),
+                ("candidates", ctypes.c_size_t),
+                ("cand_keys", ctypes.POINTER(ctypes.c_int64)),
+                ("cand_counts", ctypes.POINTER(ctypes.c_uint32)),
+                ("cand_last_access", ctypes.POINTER(ctypes.c_uint32))]
+
+
+def checkpoint_rows(saver_prefix, name):
+    """(keys, values) of table `name` in a Saver checkpoint, sorted by key:
+    read from its sparse directory (mxRec's sparse-<prefix>) by the engine.
+    A directory stands for its latest checkpoint."""
+    prefix = str(saver_prefix)
+    if os.path.isdir(prefix) and not os.path.basename(prefix).startswith("sparse-"):
+        prefix = tf.train.latest_checkpoint(prefix) or prefix
+    d, base = os.path.split(os.path.normpath(prefix))
+    snap = _Snapshot()
+    _lib.check(_lib.clib.dynemb_checkpoint_read(os.path.join(d, "sparse-" + base).encode(),
+                                                name.encode(), ctypes.byref(snap)),
+               "checkpoint_rows")
+    try:
+        keys = np.ctypeslib.as_array(snap.keys, (snap.rows,)).copy() if snap.rows else \
+            np.zeros([0], np.int64)
+        values = np.ctypeslib.as_array(snap.values, (snap.rows, snap.row_floats)).copy() \
+            if snap.rows else np.zeros([0, snap.row_floats], np.float32)
+    finally:
+        _lib.clib.dynemb_snapshot_free(ctypes.byref(snap))
+    order = np.argsort(keys)
+    return keys[order], values[order]

@@ -1,12 +1,15 @@
 """Checkpoints through tf.compat.v1.train.Saver include the tables (rows,
 optimizer slots, admission candidates, Adam's step count)."""
+import ctypes
 import os
+import shutil
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import dynemb
+from dynemb import _lib
 from dynemb.optimizers import lazy_adam
 
 DIM = 3
@@ -56,13 +59,15 @@ def test_save_restore_continue_equals_uninterrupted(tmp_path, ssd):
             straight = [s.run([train, loss], {ids: a, y: b})[1] for a, b in data[10:]]
             rows_straight = s.run(t.export_op())
     assert stats_at_save["candidates"] > 0  # admission state is part of the checkpoint
+    # the rows are in the engine's files in mxRec's sparse directory next to
+    # the checkpoint (model-10 -> sparse-model-10), the TF checkpoint holds a
+    # marker
+    assert os.path.isfile(tmp_path / "sparse-model-10" / "MANIFEST")
+    names = dict(tf.train.list_variables(path))
+    assert "dynemb/ckpt_t/keys" not in names
+    assert ("dynemb/ckpt_t/tiered" if ssd else "dynemb/ckpt_t/meta") in names
     if ssd:
         assert stats_at_save["ssd_rows"] == stats_at_save["size"] - 8 > 20
-        # the rows are in the engine's files next to the checkpoint, the TF
-        # checkpoint holds a marker
-        assert os.path.isfile(os.path.join(path + ".dynemb", "MANIFEST"))
-        names = dict(tf.train.list_variables(path))
-        assert "dynemb/ckpt_t/tiered" in names and "dynemb/ckpt_t/keys" not in names
     dynemb.clear_tables()
     with tf.Graph().as_default():
         t, ids, y, loss, train = _build(access_threshold=2, tiers=tiers)
@@ -81,7 +86,7 @@ def test_save_restore_continue_equals_uninterrupted(tmp_path, ssd):
         np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=field)
 
 
-def test_checkpoint_holds_table_tensors_and_max_to_keep(tmp_path):
+def test_checkpoint_holds_the_table_in_its_sparse_directory_and_max_to_keep(tmp_path):
     t, ids, y, loss, train = _build()
     saver = tf.compat.v1.train.Saver(max_to_keep=2)
     with tf.compat.v1.Session() as s:
@@ -90,10 +95,53 @@ def test_checkpoint_holds_table_tensors_and_max_to_keep(tmp_path):
             s.run(train, {ids: a, y: b})
             saver.save(s, str(tmp_path / "m"), global_step=step)
     names = dict(tf.train.list_variables(str(tmp_path / "m-3")))
-    assert names["dynemb/ckpt_t/values"] == [t.size(), DIM * 3]  # embedding + m + v
-    assert "dynemb/ckpt_t/apply_steps" in names
+    assert names["dynemb/ckpt_t/meta"] == [3]
+    entries = ctypes.POINTER(_lib.CkptEntry)()
+    n = ctypes.c_size_t()
+    _lib.check(_lib.clib.dynemb_checkpoint_inspect(str(tmp_path / "sparse-m-3").encode(),
+                                                   ctypes.byref(entries), ctypes.byref(n)),
+               "inspect")
+    e = entries[0]
+    assert (n.value, e.name, e.rows, e.row_floats) == (1, b"ckpt_t", t.size(), DIM * 3)
+    _lib.clib.dynemb_ckpt_entries_free(entries, n)
     kept = sorted(f for f in os.listdir(tmp_path) if f.endswith(".index"))
     assert kept == ["m-2.index", "m-3.index"]
+    assert sorted(f for f in os.listdir(tmp_path) if f.startswith("sparse-")) == \
+        ["sparse-m-2", "sparse-m-3"]
+
+
+@pytest.mark.parametrize("ssd", [False, True], ids=["memory", "ssd_tier"])
+def test_checkpoints_of_earlier_versions_restore(tmp_path, ssd):
+    # Earlier versions kept a memory table's rows as tensors in the Saver's
+    # files (TableSaveable) and a tiered table's in <prefix>.dynemb.
+    from dynemb.core.embedding import TableSaveable
+    tiers = ({"host_vocabulary_size": 4, "ssd_vocabulary_size": 1000,
+              "ssd_data_path": str(tmp_path / "ssd")} if ssd else None)
+    data = _data(4, 2)
+    with tf.Graph().as_default():
+        t, ids, y, loss, train = _build(tiers=tiers)
+        old = [TableSaveable(t)] if not ssd else None
+        saver = tf.compat.v1.train.Saver(var_list=old + tf.compat.v1.global_variables()
+                                         if old else None)
+        with tf.compat.v1.Session() as s:
+            s.run(tf.compat.v1.global_variables_initializer())
+            for a, b in data:
+                s.run(train, {ids: a, y: b})
+            path = saver.save(s, str(tmp_path / "old"))
+            want = s.run(t.export_op())
+    if ssd:  # as an earlier version laid it out
+        os.rename(tmp_path / "sparse-old", tmp_path / "old.dynemb")
+    else:
+        assert "dynemb/ckpt_t/keys" in dict(tf.train.list_variables(path))
+        shutil.rmtree(tmp_path / "sparse-old")
+    dynemb.clear_tables()
+    with tf.Graph().as_default():
+        t, ids, y, loss, train = _build(tiers=tiers)
+        with tf.compat.v1.Session() as s:
+            tf.compat.v1.train.Saver().restore(s, path)
+            got = s.run(t.export_op())
+    for field, a, b in zip(want._fields, want, got):
+        np.testing.assert_array_equal(a, b, err_msg=field)
 
 
 def test_restore_into_a_different_dim_is_a_clear_error(tmp_path):
@@ -108,9 +156,9 @@ def test_restore_into_a_different_dim_is_a_clear_error(tmp_path):
         dynemb.create_table(tf.int64, 8, "dimtab", tf.compat.v1.zeros_initializer())
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session() as s:
-            with pytest.raises(tf.errors.InvalidArgumentError, match="dimtab") as e:
+            with pytest.raises(dynemb.DynembError, match="dimtab") as e:
                 saver.restore(s, path)
-    assert "4" in e.value.message and "8" in e.value.message
+    assert "dim 4" in str(e.value) and "dim 8" in str(e.value)
 
 
 def test_tiered_table_checkpoints_follow_max_to_keep(tmp_path):
@@ -125,10 +173,9 @@ def test_tiered_table_checkpoints_follow_max_to_keep(tmp_path):
             for i, (a, b) in enumerate(data):
                 s.run(train, {ids: a, y: b})
                 saver.save(s, str(tmp_path / "model"), global_step=i)
-            kept = sorted(p for p in os.listdir(tmp_path) if p.endswith(".dynemb"))
-            assert kept == ["model-4.dynemb", "model-5.dynemb"]
+            kept = sorted(p for p in os.listdir(tmp_path) if p.startswith("sparse-"))
+            assert kept == ["sparse-model-4", "sparse-model-5"]
             # restoring a checkpoint whose rows are gone is a clear error
-            import shutil
-            shutil.rmtree(tmp_path / "model-4.dynemb")
-            with pytest.raises(ValueError, match="model-4.dynemb.*ckpt_t"):
+            shutil.rmtree(tmp_path / "sparse-model-4")
+            with pytest.raises(ValueError, match="ckpt_t.*sparse-model-4.*is missing"):
                 saver.restore(s, str(tmp_path / "model-4"))

@@ -165,7 +165,7 @@ def test_estimator_checkpoints_a_tiered_table(tmp_path):
         dynemb.clear_tables()  # as a new process would start
         evals[tiered] = est.evaluate(_est_input_fn, steps=2)["loss"]
         if tiered:
-            assert os.path.isfile(model_dir / "model.ckpt-4.dynemb" / "MANIFEST")
+            assert os.path.isfile(model_dir / "sparse-model.ckpt-4" / "MANIFEST")
             st = dynemb._lib.table_stats("est_tier")
             assert st["host_rows"] <= 10 and st["ssd_rows"] > 20
     assert evals[True] == evals[False]

@@ -14,6 +14,7 @@ import dynemb
 from dynemb.core import embedding
 from dynemb.graph.modifier import GraphModifierHook
 from dynemb.optimizers import adagrad
+from table_export import checkpoint_rows
 
 
 def WS(ckpt_to_initialize_from, vars_to_warm_start=".*", var_name_to_vocab_info=None,
@@ -108,11 +109,8 @@ def ckpt(tmp_path_factory):
 
 def _ckpt_table(path, name, dim):
     """(keys, embeddings) of table `name` in the checkpoint, sorted by key."""
-    r = tf.train.load_checkpoint(path)
-    keys = r.get_tensor(f"dynemb/{name}/keys")
-    emb = r.get_tensor(f"dynemb/{name}/values")[:, :dim]
-    o = np.argsort(keys)
-    return keys[o], emb[o]
+    keys, values = checkpoint_rows(path, name)
+    return keys, values[:, :dim]
 
 
 def _ckpt_dense(path, name):

@@ -1,4 +1,4 @@
-"""Engine checkpoints of tables, and how Saver checkpoints hold tiered tables.
+"""Engine checkpoints of tables, and where Saver checkpoints keep them.
 
 ``save_tables`` writes tables in the engine's own checkpoint format
 (docs/checkpoint-format.md: atomic, checksummed) and streams the rows of tables
@@ -6,15 +6,19 @@ with an SSD tier from memory and disk into the files; ``restore_tables``
 verifies a checkpoint, then loads it (in steps, into tiered tables). Call them
 between ``sess.run`` calls.
 
-``tf.compat.v1.train.Saver`` (and so Estimator) checkpoints an ordinary table
-as tensors, which hold a copy of it in memory. A table with an SSD tier may be
-larger than memory, so the Saver keeps only a marker of it
-(embedding.TieredTableSaveable) and ``patch_saver`` makes ``Saver.save`` write
-the rows of the graph's tiered tables with ``save_tables`` into
-``<checkpoint prefix>.dynemb`` (before the Saver writes its own files, so a
+``tf.compat.v1.train.Saver`` (and so Estimator) checkpoints keep the tables as
+mxRec's do: the Saver's files hold a marker per table
+(dynemb.core.tables.MarkerTableSaveable), and ``patch_saver`` makes
+``Saver.save(sess, "<dir>/model", global_step=N)`` write the rows of the
+graph's tables with ``save_tables`` into the sparse directory
+``<dir>/sparse-model-N`` (before the Saver writes its own files, so a
 checkpoint the Saver lists always has them), prune those directories with the
-Saver's ``max_to_keep``, and ``Saver.restore`` load them back.
+Saver's ``max_to_keep``, and ``Saver.restore`` load them back. Scripts that
+decide whether to load by looking for ``sparse-model-*`` find it.
+Checkpoints of earlier versions (rows as tensors in the Saver's files, and
+``<prefix>.dynemb`` directories for tables with an SSD tier) still restore.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +30,17 @@ from typing import Any, Iterable, Iterator, Optional
 import tensorflow as tf
 
 from dynemb import _lib, _state
+from dynemb.core.tables import EXPORT_FIELDS
 
-SUFFIX = ".dynemb"  # <checkpoint prefix>.dynemb: the tiered tables' rows
+LEGACY_SUFFIX = ".dynemb"  # <checkpoint prefix>.dynemb: earlier versions' tiered rows
+SPARSE_PREFIX = "sparse-"   # <dir>/sparse-<prefix basename>: the tables' rows
+
+
+def sparse_dir(prefix: str) -> str:
+    """The sparse directory of Saver checkpoint `prefix` (mxRec's layout:
+    ``<dir>/model-5`` -> ``<dir>/sparse-model-5``)."""
+    d, base = os.path.split(os.path.normpath(prefix))
+    return os.path.join(d, SPARSE_PREFIX + base)
 
 
 def _names(tables: Optional[Iterable[Any]]) -> list[str]:
@@ -86,13 +99,13 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
 
 
 # --------------------------------------------------------------------------
-# Saver checkpoints of tiered tables
+# Saver checkpoints
 # --------------------------------------------------------------------------
 
-def _tiered_tables(graph: tf.Graph) -> list[str]:
+def _saved_tables(graph: tf.Graph) -> list[str]:
     st = _state.existing_graph_state(graph)
-    return sorted(t.table_name for t in st.tables.values()
-                  if t.is_save and t.tiered) if st is not None else []
+    return sorted(t.table_name for t in st.tables.values() if t.is_save) \
+        if st is not None else []
 
 
 def _checkpoint_path(saver: Any, sess: Any, save_path: str, global_step: Any) -> str:
@@ -107,19 +120,22 @@ def _checkpoint_path(saver: Any, sess: Any, save_path: str, global_step: Any) ->
 
 
 def _prune(saver: Any, save_path: str) -> None:
-    """Removes this Saver's <prefix>.dynemb directories whose checkpoint its
-    max_to_keep has deleted."""
-    keep = {os.path.normpath(p + SUFFIX) for p in saver.last_checkpoints}
-    base = os.path.basename(save_path)
-    d = os.path.dirname(save_path) or "."
+    """Removes this Saver's sparse directories (and earlier versions'
+    <prefix>.dynemb ones) whose checkpoint its max_to_keep has deleted."""
+    keep = {os.path.normpath(sparse_dir(p)) for p in saver.last_checkpoints} | \
+        {os.path.normpath(p + LEGACY_SUFFIX) for p in saver.last_checkpoints}
+    d, base = os.path.split(os.path.normpath(save_path))
+    d = d or "."
     try:
         names = os.listdir(d)
     except OSError:
         return
     for n in names:
         full = os.path.normpath(os.path.join(d, n))
-        if (n.endswith(SUFFIX) and (n == base + SUFFIX or n.startswith(base + "-"))
-                and full not in keep):
+        ours = (n == SPARSE_PREFIX + base or n.startswith(SPARSE_PREFIX + base + "-") or
+                (n.endswith(LEGACY_SUFFIX) and
+                 (n == base + LEGACY_SUFFIX or n.startswith(base + "-"))))
+        if ours and full not in keep and os.path.isdir(full):
             shutil.rmtree(full, ignore_errors=True)
 
 
@@ -129,38 +145,81 @@ _orig_restore = tf.compat.v1.train.Saver.restore
 
 def _save(self, sess, save_path, global_step=None, *args, **kwargs):
     graph = getattr(sess, "graph", None)  # (any session-like object)
-    names = _tiered_tables(graph) if graph is not None else []
+    names = _saved_tables(graph) if graph is not None else []
     if not names:
         return _orig_save(self, sess, save_path, global_step, *args, **kwargs)
     path = _checkpoint_path(self, sess, save_path, global_step)
-    save_tables(path + SUFFIX, names)  # first: a listed checkpoint has its rows
+    save_tables(sparse_dir(path), names)  # first: a listed checkpoint has its rows
     out = _orig_save(self, sess, save_path, global_step, *args, **kwargs)
     if out and os.path.normpath(out) != os.path.normpath(path):  # (not expected)
-        shutil.rmtree(out + SUFFIX, ignore_errors=True)
-        os.rename(path + SUFFIX, out + SUFFIX)
+        shutil.rmtree(sparse_dir(out), ignore_errors=True)
+        os.rename(sparse_dir(path), sparse_dir(out))
     if out and self._max_to_keep:  # pylint: disable=protected-access
         _prune(self, save_path)
     return out
 
 
+def _entries(path: str) -> set:
+    """Names of the tables in engine checkpoint directory `path` (none if it
+    is not one)."""
+    if not os.path.isdir(path):
+        return set()
+    entries = ctypes.POINTER(_lib.CkptEntry)()
+    n = ctypes.c_size_t()
+    if _lib.clib.dynemb_checkpoint_inspect(path.encode(), ctypes.byref(entries),
+                                           ctypes.byref(n)):
+        return set()
+    try:
+        return {entries[i].name.decode() for i in range(n.value)}
+    finally:
+        _lib.clib.dynemb_ckpt_entries_free(entries, n)
+
+
+def _restore_from_tensors(sess: Any, save_path: str, names: list[str]) -> None:
+    """Earlier versions kept a table's rows as tensors in the Saver's files."""
+    reader = tf.train.load_checkpoint(save_path)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+        for name in names:
+            t = {f: reader.get_tensor("dynemb/%s/%s" % (name, f)) for f in EXPORT_FIELDS}
+            s.run(_lib.ops.dynemb_import(table_name=name, flags=_lib.IMPORT_REPLACE, **t))
+    del sess
+
+
 def _restore(self, sess, save_path):
     out = _orig_restore(self, sess, save_path)
     graph = getattr(sess, "graph", None)
-    names = _tiered_tables(graph) if graph is not None and save_path else []
-    if names:
-        d = save_path + SUFFIX
-        if not os.path.isdir(d):
-            raise ValueError(
-                "dynemb: checkpoint '%s' has no directory '%s' with the rows of the tables "
-                "with an SSD tier (%s): it was written without them, or the directory was "
-                "removed; restore the directory or start from another checkpoint"
-                % (save_path, d, ", ".join(names)))
-        restore_tables(d, names)
+    names = _saved_tables(graph) if graph is not None and save_path else []
+    if not names:
+        return out
+    sparse, legacy = sparse_dir(save_path), save_path + LEGACY_SUFFIX
+    in_sparse, in_legacy = _entries(sparse), _entries(legacy)
+    reader = None
+    groups: dict[str, list[str]] = {sparse: [], legacy: [], "tensors": []}
+    for name in names:
+        if name in in_sparse:
+            groups[sparse].append(name)
+        elif name in in_legacy:
+            groups[legacy].append(name)
+        else:
+            reader = reader or tf.train.load_checkpoint(save_path)
+            if not reader.has_tensor("dynemb/%s/keys" % name):
+                raise ValueError(
+                    "dynemb: checkpoint '%s' has no rows of table '%s': its sparse "
+                    "directory '%s' %s; restore the directory, or start from another "
+                    "checkpoint" % (save_path, name, sparse,
+                                    "lacks the table" if os.path.isdir(sparse) else
+                                    "is missing"))
+            groups["tensors"].append(name)
+    for d in (sparse, legacy):
+        if groups[d]:
+            restore_tables(d, groups[d])
+    if groups["tensors"]:
+        _restore_from_tensors(sess, save_path, groups["tensors"])
     return out
 
 
 def patch_saver() -> None:
-    """Installs the tiered-table handling in tf.compat.v1.train.Saver
-    (idempotent; a Saver of a graph without tiered tables is unchanged)."""
+    """Installs dynemb's table handling in tf.compat.v1.train.Saver
+    (idempotent; a Saver of a graph without tables is unchanged)."""
     tf.compat.v1.train.Saver.save = _save
     tf.compat.v1.train.Saver.restore = _restore

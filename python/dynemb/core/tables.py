@@ -364,10 +364,11 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     st.anchors[table.anchor.name] = table
     graph.add_to_collection(DYNEMB_SPARSE_VARIABLES, table.anchor)
     if is_save:
-        # A table with an SSD tier may be larger than memory: the Saver keeps
-        # only a marker of it, its rows go to <checkpoint>.dynemb/ (engine
-        # format, streamed; dynemb.core.checkpoint patches Saver.save/restore).
-        saveable = TieredTableSaveable(table) if table.tiered else TableSaveable(table)
+        # The Saver keeps only a marker of the table; its rows go to the
+        # checkpoint's sparse directory, mxRec's sparse-<prefix> (engine
+        # format: atomic, checksummed, streamed; dynemb.core.checkpoint
+        # patches Saver.save/restore).
+        saveable = TieredTableSaveable(table) if table.tiered else MarkerTableSaveable(table)
         graph.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
     return table
 
@@ -462,11 +463,45 @@ class TableSaveable(saveable_object.SaveableObject):
                                       flags=_lib.IMPORT_REPLACE, **kw).op
 
 
+def _meta_now(table_name: str):
+    """(dim, row_floats, optimizer kind) of a table, read when the Saver saves
+    (the optimizer, and so the row layout, may be decided after create_table)."""
+    import numpy as np  # (numpy comes with TensorFlow)
+    with _lib.table_handle(table_name) as h:
+        c = _lib.TableConfig()
+        _lib.clib.dynemb_table_get_config(h, ctypes.byref(c))
+        return np.array([c.dim, _lib.clib.dynemb_table_row_floats(h), c.optimizer.kind],
+                        np.int64)
+
+
+class MarkerTableSaveable(saveable_object.SaveableObject):
+    """A table in a Saver checkpoint: the marker tensor ``dynemb/<table>/meta``
+    (dim, row floats, optimizer kind: what warm start checks); the rows go into
+    the checkpoint's sparse directory (mxRec's ``sparse-<prefix>``) when the
+    Saver saves and come back when it restores (dynemb.core.checkpoint).
+    Checkpoints of earlier versions held the rows as tensors beside ``meta``
+    (TableSaveable); restore still reads those."""
+
+    def __init__(self, table: EmbeddingTable):
+        self.table_name = table.table_name
+        with table.graph.as_default(), table.graph.name_scope(None), \
+                tf.name_scope(op_name(table.table_name) + "_dynemb_save"):
+            meta = tf.numpy_function(lambda: _meta_now(self.table_name), [], tf.int64,
+                                     stateful=True, name="meta")
+            meta.set_shape([3])
+        super().__init__(meta.op, [saveable_object.SaveSpec(
+            meta, "", "dynemb/%s/meta" % table.table_name)], "dynemb/" + table.table_name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_tensors, restored_shapes
+        return tf.no_op(name=op_name(self.table_name) + "_dynemb_restore")
+
+
 class TieredTableSaveable(saveable_object.SaveableObject):
     """A table with an SSD tier in a Saver checkpoint: one marker tensor
     ``dynemb/<table>/tiered`` ([dim], for warm start's checks). Its rows go into
-    the directory ``<checkpoint prefix>.dynemb`` when the Saver saves and come
-    back when it restores (dynemb.core.checkpoint), streamed: never all in
+    the checkpoint's sparse directory (as MarkerTableSaveable's; checkpoints of
+    earlier versions: ``<checkpoint prefix>.dynemb``), streamed: never all in
     memory."""
 
     def __init__(self, table: EmbeddingTable):

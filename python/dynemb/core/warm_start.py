@@ -59,6 +59,7 @@ from tensorflow.python.training import warm_starting_util
 from dynemb import _lib, _state
 from dynemb.constants.constants import ASCEND_TIMESTAMP
 from dynemb.core import lookup
+from dynemb.core.checkpoint import LEGACY_SUFFIX, sparse_dir
 from dynemb.core.tables import EXPORT_FIELDS, EmbeddingTable, op_name
 from dynemb.util.log import logger
 
@@ -83,7 +84,7 @@ class _Entry:
     vocab_info: Dict[str, Any]
     prev_names: Dict[str, str]
     ckpt_tables: Dict[str, Tuple[int, ...]] = field(default_factory=dict)  # name -> meta
-    ckpt_tiered: Set[str] = field(default_factory=set)  # rows in <prefix>.dynemb
+    ckpt_tiered: Set[str] = field(default_factory=set)  # rows in the sparse directory
 
 
 @dataclass
@@ -172,8 +173,9 @@ def _entries(ckpt: Any, vars_to_warm_start: Any, vocab_info: Any,
 
 def _checkpoint_tables(prefix: str) -> Tuple[Dict[str, Tuple[int, ...]], Set[str]]:
     """Tables saved in a checkpoint: name -> meta (dim, row_floats, optimizer;
-    only dim for tables with an SSD tier), and the names of those, whose rows
-    are in <prefix>.dynemb (dynemb.core.tables.TieredTableSaveable)."""
+    only dim for tables with an SSD tier), and the names of those whose rows
+    are in the checkpoint's sparse directory (or an earlier version's
+    <prefix>.dynemb) rather than in tensors beside their meta."""
     try:
         reader = tf.train.load_checkpoint(prefix)
     except (tf.errors.OpError, ValueError) as e:
@@ -181,8 +183,10 @@ def _checkpoint_tables(prefix: str) -> Tuple[Dict[str, Tuple[int, ...]], Set[str
     out, tiered = {}, set()
     for name in reader.get_variable_to_shape_map():
         if name.startswith("dynemb/") and name.endswith("/meta"):
-            out[name[len("dynemb/"):-len("/meta")]] = tuple(
-                int(x) for x in reader.get_tensor(name))
+            table = name[len("dynemb/"):-len("/meta")]
+            out[table] = tuple(int(x) for x in reader.get_tensor(name))
+            if not reader.has_tensor("dynemb/%s/keys" % table):
+                tiered.add(table)  # a marker: the rows are in the sparse directory
         elif name.startswith("dynemb/") and name.endswith("/tiered"):
             table = name[len("dynemb/"):-len("/tiered")]
             out[table] = tuple(int(x) for x in reader.get_tensor(name))
@@ -286,6 +290,13 @@ def _stamp(table: EmbeddingTable, graph: tf.Graph) -> Optional[tf.Tensor]:
     return tf.constant(0, tf.int64)
 
 
+def _rows_dir(prefix: str) -> str:
+    """Where a Saver checkpoint keeps its tables' rows: its sparse directory,
+    or an earlier version's <prefix>.dynemb."""
+    d = sparse_dir(prefix)
+    return d if os.path.isdir(d) else prefix + LEGACY_SUFFIX
+
+
 def _import_op(table: EmbeddingTable, src: _TableSource, graph: tf.Graph) -> tf.Operation:
     names = [f"dynemb/{src.prev_name}/{f}" for f in EXPORT_FIELDS]
     scope = op_name(table.table_name) + "_warm_start"
@@ -295,7 +306,7 @@ def _import_op(table: EmbeddingTable, src: _TableSource, graph: tf.Graph) -> tf.
             stamp = _stamp(table, graph)
             return _lib.ops.dynemb_load_checkpoint(
                 stamp=tf.constant(-1, tf.int64) if stamp is None else stamp,
-                table_name=table.table_name, dir=src.entry.prefix + ".dynemb",
+                table_name=table.table_name, dir=_rows_dir(src.entry.prefix),
                 source_name=src.prev_name, flags=flags, rows_only=True).op
     with tf.name_scope(scope):
         with tf.device("/cpu:0"):
