@@ -68,6 +68,8 @@ class GraphState:
         self.evict_configs: dict[str, dict[str, Any]] = {}
         # table name -> {figure: tensor} (dynemb.core.table_stats)
         self.stats: dict[str, dict[str, Any]] = {}
+        # "address" tensor name (by-address training) -> (table, its rows)
+        self.addresses: dict[str, Any] = {}
 
 
 @dataclass

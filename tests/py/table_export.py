@@ -52,3 +52,16 @@ def checkpoint_rows(saver_prefix, name):
         _lib.clib.dynemb_snapshot_free(ctypes.byref(snap))
     order = np.argsort(keys)
     return keys[order], values[order]
+
+
+def run_pipeline(iterator, train, modify, steps):
+    """Runs `train` `steps` times over an initializable iterator, after
+    automatic graph modification when `modify` is set."""
+    from dynemb.graph.modifier import modify_graph_and_start_emb_cache
+    from dynemb.util.initialize import get_initializer
+    if modify:
+        modify_graph_and_start_emb_cache()
+    with tf.compat.v1.Session() as s:
+        s.run(get_initializer(True) if modify else iterator.initializer)
+        for _ in range(steps):
+            s.run(train)

@@ -8,11 +8,9 @@ import pytest
 import tensorflow as tf
 
 import dynemb
-from dynemb.graph.modifier import modify_graph_and_start_emb_cache
 from dynemb.optimizers import lazy_adam
-from dynemb.util.initialize import get_initializer
 
-from table_export import export_sorted
+from table_export import export_sorted, run_pipeline
 
 IDS = np.array([[0, 1, 2], [0, 2, 3], [1, 0, 0]], np.int64)
 
@@ -28,12 +26,7 @@ def _train(name, modify, **table_kw):
         loss = tf.reduce_sum(tf.square(emb - 1.0))
         _, sparse = dynemb.get_dense_and_sparse_variable()
         train = opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse))
-        if modify:
-            modify_graph_and_start_emb_cache()
-        with tf.compat.v1.Session() as s:
-            s.run(get_initializer(True) if modify else it.initializer)
-            for _ in range(len(IDS)):
-                s.run(train)
+        run_pipeline(it, train, modify, len(IDS))
     keys, values = export_sorted(name)
     return dict(zip(keys.tolist(), values[:, :2]))
 

@@ -4,6 +4,14 @@ from enum import Enum
 # Graph collection holding a data-timestamp tensor (seconds). When present,
 # eviction thresholds count seconds of data time.
 ASCEND_TIMESTAMP = "ASCEND_TIMESTAMP"
+# Graph collections of mxRec's "by address" training path (init(
+# use_dynamic_expansion=True)): each train lookup adds its looked-up rows
+# (LOCAL_EMB, [ids, dim]) and its "address" tensor (ID_OFFSET, and the same
+# tensor in UNIQUE_KEYS, [ids]); tf.gradients(loss, rows) with those
+# addresses is what the ByAddr optimizers apply (dynemb.optimizers.*_by_addr).
+ASCEND_SPARSE_LOOKUP_LOCAL_EMB = "ASCEND_SPARSE_LOOKUP_LOCAL_EMB"
+ASCEND_SPARSE_LOOKUP_ID_OFFSET = "ASCEND_SPARSE_LOOKUP_ID_OFFSET"
+ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS = "ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS"
 # Graph collection of the sparse "variables" (one anchor tensor per table);
 # tf.gradients(loss, anchor) yields the table's IndexedSlices gradient.
 DYNEMB_SPARSE_VARIABLES = "DYNEMB_SPARSE_VARIABLES"

@@ -18,7 +18,9 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from dynemb import _lib, _state
-from dynemb.constants.constants import ASCEND_TIMESTAMP
+from dynemb.constants.constants import (ASCEND_SPARSE_LOOKUP_ID_OFFSET,
+                                        ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
+                                        ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, ASCEND_TIMESTAMP)
 from dynemb.core.asc.lookups import lookup_ids
 from dynemb.core.asc.spec import FeatureSpec
 from dynemb.core.tables import (EmbeddingTable, no_longer_registered, op_name,
@@ -242,6 +244,8 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         lookup_op = emb.op
         if not (is_train and is_grad):
             emb = tf.stop_gradient(emb)
+        elif _state.get_use_dynamic_expansion():
+            _publish_by_address(graph, st, hashtable, ids, emb)
         if ids.shape.rank == 1:
             # A new tensor, so graph modification can mask the op's output
             # for every consumer (fetches included).
@@ -261,6 +265,21 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                        "op": lookup_op, "is_train": bool(is_train),
                        "modify_graph": bool(modify_graph), "send_count": send_count})
     return out
+
+
+def _publish_by_address(graph: tf.Graph, st: Any, table: EmbeddingTable, ids: tf.Tensor,
+                        rows: tf.Tensor) -> None:
+    """mxRec's by-address training path (dynamic expansion): the looked-up
+    rows go into ASCEND_SPARSE_LOOKUP_LOCAL_EMB and their "address" (here the
+    lookup's int64 ids, one per row) into ASCEND_SPARSE_LOOKUP_ID_OFFSET and
+    _UNIQUE_KEYS, in the same order, so that a script's
+    apply_gradients(zip(tf.gradients(loss, rows), addresses)) with a ByAddr
+    optimizer trains the table (dynemb.optimizers.*_by_addr)."""
+    address = tf.reshape(tf.cast(ids, tf.int64), [-1], name="address")
+    st.addresses[address.name] = (table, rows)
+    graph.add_to_collection(ASCEND_SPARSE_LOOKUP_LOCAL_EMB, rows)
+    graph.add_to_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET, address)
+    graph.add_to_collection(ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, address)
 
 
 def _check_send_count(ids: tf.Tensor, send_count: Any, tname: str) -> tf.Tensor:

@@ -404,6 +404,20 @@ def table_for_variable(var: Any) -> EmbeddingTable:
     return st.anchors[name]
 
 
+def address_table(address: Any) -> tuple:
+    """(table, looked-up rows) of an "address" tensor of by-address training
+    (ASCEND_SPARSE_LOOKUP_ID_OFFSET)."""
+    st = _state.existing_graph_state(getattr(address, "graph", None))
+    name = getattr(address, "name", None)
+    if st is None or name not in st.addresses:
+        raise ValueError(
+            "dynemb: %r is not an address of a dynemb lookup; pass the tensors of "
+            "tf.compat.v1.get_collection(ASCEND_SPARSE_LOOKUP_ID_OFFSET) (train lookups "
+            "made after init(use_dynamic_expansion=True)) to a ByAddr optimizer, or use "
+            "the plain optimizer with get_dense_and_sparse_variable()" % (name or address,))
+    return st.addresses[name]
+
+
 def set_default_value(table: EmbeddingTable, value: Any) -> None:
     """serving_default_value: what lookups of `table` return for ids without a
     row (eval lookups of unknown ids, ids not admitted yet); a scalar or `dim`

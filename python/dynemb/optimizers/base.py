@@ -17,15 +17,54 @@ import tensorflow as tf
 
 from dynemb import _lib
 from dynemb.core.lookup import unused_input
-from dynemb.core.tables import sparse_variables, table_for_variable
+from dynemb.core.tables import address_table, sparse_variables, table_for_variable
 
 LearningRate = Union[float, tf.Tensor, tf.Variable, Callable[[], Any]]
 
 
+def _decayed(values: tf.Tensor, keys: tf.Tensor, rows: tf.Tensor, decay: float) -> tf.Tensor:
+    """Gradient rows plus weight decay: each id's rows get decay * row in all,
+    spread over its occurrences (the engine sums an id's rows)."""
+    _, at, count = tf.unique_with_counts(keys)
+    share = tf.cast(tf.gather(count, at), tf.float32)[:, None]
+    return values + decay * tf.stop_gradient(rows) / share
+
+
+class ByAddressMixin:
+    """mxRec's ByAddr optimizers (dynamic expansion): apply_gradients takes
+    (gradient of the looked-up rows, their address) pairs, the rows and
+    addresses of ASCEND_SPARSE_LOOKUP_LOCAL_EMB / _ID_OFFSET, and trains the
+    tables as the plain optimizer does with the tables' sparse variables.
+    weight_decay (SGD): as for the plain optimizer, from the looked-up rows."""
+
+    def apply_gradients(self, grads_and_vars: Iterable, global_step: Optional[Any] = None,
+                        name: Optional[str] = None) -> tf.Operation:
+        pairs = []
+        for grad, address in grads_and_vars:
+            table, rows = address_table(address)
+            if grad is None:
+                continue
+            if isinstance(grad, tf.IndexedSlices):
+                grad = tf.convert_to_tensor(grad)
+            grad = tf.reshape(tf.cast(grad, tf.float32), [-1, table.dim])
+            if self.weight_decay:
+                grad = _decayed(grad, address, rows, self.weight_decay)
+            pairs.append((tf.IndexedSlices(grad, address), table.anchor))
+        self._decayed_here = True
+        try:
+            return super().apply_gradients(pairs, global_step, name)  # type: ignore[misc]
+        finally:
+            self._decayed_here = False
+
+
 class SparseOptimizer:
-    """Base class; subclasses set KIND and fill the engine struct."""
+    """Base class; subclasses set KIND and fill the engine struct.
+    weight_decay (SGD's): each row moves by -lr * (gradient + weight_decay *
+    row), once per step however often its id occurs in the batch."""
     KIND = _lib.OPT_SGD
     optimizer_type = "sgd"
+    weight_decay = 0.0
+    _decayed_here = False  # ByAddressMixin added the decay already
 
     def __init__(self, learning_rate: LearningRate, use_locking: bool = False,
                  name: str = "SparseOptimizer"):
@@ -96,6 +135,12 @@ class SparseOptimizer:
                 if keys.dtype != tf.int64:
                     keys = tf.cast(keys, tf.int64)
                 values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, table.dim])
+                if self.weight_decay and not self._decayed_here:
+                    rows = _lib.ops.dynemb_lookup(ids=keys, now=tf.constant(0, tf.int64),
+                                                  anchor=table.anchor,
+                                                  tickets=unused_input(tf.int64),
+                                                  table_name=table.table_name, is_train=False)
+                    values = _decayed(values, keys, rows, self.weight_decay)
                 if table.padding_keys:  # their rows are never updated
                     pads = tf.constant(table.padding_keys, tf.int64)
                     keep = tf.logical_not(tf.reduce_any(
@@ -133,6 +178,16 @@ class SparseOptimizer:
         table.optimizer = self
         table.optimizer_list = [self]
         table.applied_by = self
+
+    def compute_gradients(self, loss: tf.Tensor, var_list: Optional[list] = None,
+                          **kwargs: Any) -> list:
+        """[(gradient, variable)] as tf.compat.v1.train.Optimizer gives them:
+        for dynemb's sparse variables (default: all) an IndexedSlices each; for
+        the rows of by-address training (ASCEND_SPARSE_LOOKUP_LOCAL_EMB) a
+        dense gradient each. TensorFlow's keywords are accepted."""
+        del kwargs
+        var_list = list(var_list) if var_list is not None else sparse_variables()
+        return list(zip(tf.gradients(loss, var_list), var_list))
 
     def minimize(self, loss: tf.Tensor, global_step: Optional[Any] = None,
                  var_list: Optional[list] = None, name: Optional[str] = None) -> tf.Operation:

@@ -20,5 +20,11 @@ class CustomizedLazyAdam(SparseOptimizer):
 
 
 def create_hash_optimizer(learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
-                          use_locking=False, name="LazyAdam"):
+                          name="LazyAdam", use_fusion_optim=False, use_locking=False):
+    """mxRec's argument order. use_fusion_optim (a fused Ascend operator)
+    changes nothing here: the engine's update is one pass already."""
+    if not isinstance(name, str):  # (earlier dynemb had use_locking fifth)
+        raise TypeError("lazy_adam.create_hash_optimizer: name must be a string, got %r; "
+                        "pass use_locking by keyword" % (name,))
+    del use_fusion_optim
     return CustomizedLazyAdam(learning_rate, beta1, beta2, epsilon, use_locking, name)
