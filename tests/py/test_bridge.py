@@ -201,6 +201,24 @@ def test_serving_default_value_for_unknown_ids():
                              serving_default_value=[1.0, 2.0])
 
 
+def test_serving_default_value_computed_from_constants():
+    # mxRec's examples pass tf.ones(dim) * 2: evaluated once at graph build.
+    t = _table("served2", dim=3)
+    ev = dynemb.sparse_lookup(t, tf.constant([99], tf.int64), is_train=False,
+                              serving_default_value=tf.ones(3) * 2)
+    with tf.compat.v1.Session() as s:
+        np.testing.assert_array_equal(s.run(ev), [[2.0, 2.0, 2.0]])
+    # one that changes while the graph runs has no per-table equivalent
+    p = tf.compat.v1.placeholder(tf.float32, [3])
+    with pytest.raises(ValueError, match="served2.*Placeholder.*changes while the graph runs"):
+        dynemb.sparse_lookup(t, tf.constant([1], tf.int64), is_train=False,
+                             serving_default_value=p * 2)
+    v = tf.Variable([1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="served2.*changes while the graph runs"):
+        dynemb.sparse_lookup(t, tf.constant([1], tf.int64), is_train=False,
+                             serving_default_value=v + 1)
+
+
 def test_tier_parameters_are_accepted_and_validated(tmp_path):
     # mxRec's three-tier form: device + host rows stay in memory (there is no
     # device tier yet), the rest go to a file in the SSD path.

@@ -421,12 +421,12 @@ def address_table(address: Any) -> tuple:
 def set_default_value(table: EmbeddingTable, value: Any) -> None:
     """serving_default_value: what lookups of `table` return for ids without a
     row (eval lookups of unknown ids, ids not admitted yet); a scalar or `dim`
-    numbers, known when the graph is built."""
+    numbers: a number, a list, or a tensor computed from constants only
+    (``tf.ones(dim) * 2``), evaluated once when the graph is built."""
     tname = table.table_name
     v = tf.get_static_value(value) if tf.is_tensor(value) else value
     if v is None:
-        raise ValueError("sparse_lookup('%s'): serving_default_value must be known when "
-                         "the graph is built (a number, a list or a constant tensor)" % tname)
+        v = _evaluate_constant(value, tname)
     arr = np.asarray(v, dtype=np.float32)
     if arr.ndim == 0:
         arr = np.full([table.dim], arr, np.float32)
@@ -439,6 +439,31 @@ def set_default_value(table: EmbeddingTable, value: Any) -> None:
         buf = (ctypes.c_float * table.dim)(*arr.tolist())
         _lib.check(_lib.clib.dynemb_table_set_default_value(h, buf),
                    "sparse_lookup('%s') serving_default_value" % tname)
+
+
+_STATE_OP_TYPES = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp", "VariableV2",
+                   "ReadVariableOp", "IteratorGetNext", "IteratorGetNextSync")
+
+
+def _evaluate_constant(value: tf.Tensor, tname: str) -> Any:
+    """The value of a tensor that depends on constants only, computed now in
+    a session of its own; a clear error if it reads anything that changes."""
+    seen, stack = set(), [value.op]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in _STATE_OP_TYPES or op.op_def.is_stateful:
+            raise ValueError(
+                "sparse_lookup('%s'): serving_default_value reads %s '%s', which changes "
+                "while the graph runs; dynemb keeps one default value per table, set when "
+                "the graph is built: compute it from constants (e.g. tf.ones(dim) * 2) or "
+                "pass numbers" % (tname, op.type, op.name))
+        stack.extend(i.op for i in op.inputs)
+        stack.extend(op.control_inputs)
+    with tf.compat.v1.Session(graph=value.graph) as s:
+        return s.run(value)
 
 
 def no_longer_registered(tname: str) -> ValueError:
