@@ -161,6 +161,25 @@ def switched_applies(graph: tf.Graph) -> set:
 TABLE_OF_SPEC: Dict[str, str] = {}
 
 
+def counted_threshold(access_threshold: int, faae_coefficient: int) -> int:
+    """mxRec's weighted admission as the engine's count of sightings: a key
+    whose sightings weigh faae_coefficient each reaches access_threshold at
+    ceil(access_threshold / faae_coefficient) sightings (0 and 1: at once)."""
+    if access_threshold <= 1:
+        return access_threshold
+    return max(1, -(-access_threshold // faae_coefficient))
+
+
+def check_faae(owner: str, value: Any) -> int:
+    """faae_coefficient as an int in [1, 2^31-1] (mxRec's range), or ValueError."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise ValueError("%s: faae_coefficient must be an int in [1, 2^31-1] (the weight of "
+                         "one sighting in admission counting), got %r" % (owner, value))
+    return value
+
+
 def table_of_feature(ids_name: str) -> Optional[str]:
     """The table that FeatureSpec `ids_name` feeds, or None if no such spec."""
     return TABLE_OF_SPEC.get(ids_name)

@@ -248,3 +248,19 @@ def test_data_time_eviction_feature_spec_mode():
     # As with plain lookups: 2 (last seen at 100) goes at 121, 1 (at 120) at 141.
     assert _keys("ev") == [3, 4]
     assert t.stats()["evicted"] == 2
+
+
+@pytest.mark.parametrize("weight, threshold, admitted_at", [(4, 6, 2), (3, 6, 2), (2, 6, 3),
+                                                            (1, 6, 6), (10, 6, 1)])
+def test_faae_coefficient_weighs_each_sighting(weight, threshold, admitted_at):
+    # mxRec's weighted admission: a key is admitted once its sightings times
+    # faae_coefficient reach access_threshold. The reference: that rule.
+    t = dynemb.create_table(tf.int64, 2, "faae", tf.compat.v1.ones_initializer())
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    out = dynemb.sparse_lookup(t, ids, access_and_evict_config={
+        "access_threshold": threshold, "faae_coefficient": weight})
+    with tf.compat.v1.Session() as s:
+        for sighting in range(1, 8):
+            row = s.run(out, {ids: [5]})[0]
+            assert bool(row[0] == 1.0) == (sighting * weight >= threshold), sighting
+    assert min(s for s in range(1, 8) if s * weight >= threshold) == admitted_at

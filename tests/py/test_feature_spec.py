@@ -24,13 +24,16 @@ def _table(name="t", dim=2):
 def test_feature_spec_validation():
     s = FeatureSpec("user", table_name="users", access_threshold=3, eviction_threshold=100)
     assert s.index_key == "user" and not s.is_timestamp
-    assert s.access_and_evict_config == {"access_threshold": 3, "eviction_threshold": 100}
+    assert s.access_and_evict_config == {"access_threshold": 3, "eviction_threshold": 100,
+                                         "faae_coefficient": 1}
     assert FeatureSpec("u", table_name="t").access_and_evict_config is None
     assert FeatureSpec("u", table_name="t", index_key="uid").index_key == "uid"
     with pytest.raises(ValueError, match="table_name is required"):
         FeatureSpec("user")
-    with pytest.raises(ValueError, match="faae_coefficient"):
-        FeatureSpec("user", table_name="t", faae_coefficient=2)
+    assert FeatureSpec("user", table_name="t", faae_coefficient=4).faae_coefficient == 4
+    for bad in (0, 2**31, 1.5, True):
+        with pytest.raises(ValueError, match="faae_coefficient must be an int"):
+            FeatureSpec("user", table_name="t", faae_coefficient=bad)
     with pytest.raises(ValueError, match="access_threshold must be an int"):
         FeatureSpec("user", table_name="t", access_threshold=-1)
     with pytest.raises(ValueError, match="timestamp feature has no table"):

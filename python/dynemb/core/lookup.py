@@ -70,6 +70,8 @@ def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[
                          "known: %s" % (table.table_name, bad, list(_EVICT_KEYS)))
     out = {"access_threshold": cfg.get("access_threshold", 0),
            "eviction_threshold": cfg.get("eviction_threshold", 0),
+           "faae_coefficient": _state.check_faae(
+               "sparse_lookup('%s')" % table.table_name, cfg.get("faae_coefficient", 1)),
            "eviction_clock": cfg.get("eviction_clock", "step")}
     for k in ("access_threshold", "eviction_threshold"):
         v = out[k]
@@ -225,7 +227,9 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         hashtable.access_and_evict_config = evict_cfg
         with _lib.table_handle(tname, no_longer_registered(tname)) as h:
             _lib.check(_lib.clib.dynemb_table_set_access_threshold(
-                h, evict_cfg["access_threshold"]), "sparse_lookup('%s')" % tname)
+                h, _state.counted_threshold(evict_cfg["access_threshold"],
+                                            evict_cfg["faae_coefficient"])),
+                "sparse_lookup('%s')" % tname)
             _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
                 h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
     dim = hashtable.dim

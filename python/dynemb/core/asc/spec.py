@@ -50,7 +50,8 @@ class FeatureSpec:
     is_timestamp: this feature holds the batch's data time in seconds; eviction
     then counts data time. batch_size: the number of ids per batch, if static
     (checked at run time when given). faae_coefficient: weight of one occurrence
-    in admission counting; only 1 is supported.
+    in admission counting (a key is admitted when its occurrences times the
+    coefficient reach access_threshold); the specs of one table must agree.
     """
 
     def __init__(self, name: str, table_name: Optional[str] = None,
@@ -76,11 +77,7 @@ class FeatureSpec:
         if self.access_threshold is not None and self.access_threshold > 2**32 - 1:
             raise ValueError(f"FeatureSpec('{name}'): access_threshold must be < 2^32")
         self.batch_size = _nonneg_int(name, "batch_size", batch_size)
-        if faae_coefficient not in (1, 1.0):
-            raise ValueError(
-                f"FeatureSpec('{name}'): faae_coefficient={faae_coefficient!r} is not "
-                f"supported: the engine counts each occurrence once (faae_coefficient=1)")
-        self.faae_coefficient = 1
+        self.faae_coefficient = _state.check_faae(f"FeatureSpec('{name}')", faae_coefficient)
         # Batch key of the timestamp spec of the insert function this spec was
         # given to (set by get_asc_insert_func), or None.
         self.timestamp_key: Optional[Any] = None
@@ -93,7 +90,8 @@ class FeatureSpec:
         if self.access_threshold is None and self.eviction_threshold is None:
             return None
         return {"access_threshold": self.access_threshold or 0,
-                "eviction_threshold": self.eviction_threshold or 0}
+                "eviction_threshold": self.eviction_threshold or 0,
+                "faae_coefficient": self.faae_coefficient}
 
     def __repr__(self) -> str:
         return (f"FeatureSpec({self.name!r}, table_name={self.table_name!r}, "
