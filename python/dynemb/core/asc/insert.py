@@ -35,7 +35,11 @@ def _pipeline_clock(specs: Sequence[FeatureSpec], features: Dict[str, Any]) -> t
         ts = features[stamps[0].index_key]
         return tf.reduce_max(tf.cast(ts, tf.int64))
     evicting = [s.name for s in specs if s.eviction_threshold]
-    gs = tf.compat.v1.train.get_global_step(_outermost_graph(tf.compat.v1.get_default_graph()))
+    outer = _outermost_graph(tf.compat.v1.get_default_graph())
+    gs = tf.compat.v1.train.get_global_step(outer)
+    if gs is None and evicting:  # the step counts eviction: make it, as Estimator does
+        with outer.as_default():
+            gs = tf.compat.v1.train.get_or_create_global_step()
     if gs is not None and isinstance(gs, tf.Variable) and gs.op.type == "VarHandleOp":
         return rewrite.read_by_name(gs)  # (a one-shot iterator captures no variable)
     if evicting:
