@@ -40,3 +40,14 @@ def test_demo_over_the_ssd_tier_gives_the_same_auc(tmp_path):
     in_memory, on_ssd = (int(g.replace(",", "")) for g in m.groups())
     # (a few rows over the budget while two threads move rows at once)
     assert in_memory <= 27 * (100 + 8) and on_ssd > 10 * in_memory
+
+
+def test_readme_shows_the_c_example_that_make_check_builds():
+    # README's C example is examples/c/quickstart.c, which tests/install_test.sh
+    # builds against the installed library and runs.
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = readme.split("<!-- c-example: examples/c/quickstart.c -->", 1)[1]
+    block = block.split("<!-- /c-example -->", 1)[0].strip()
+    assert block.startswith("```c\n") and block.endswith("```")
+    with open(os.path.join(ROOT, "examples", "c", "quickstart.c")) as f:
+        assert block[len("```c\n"):-len("```")] == f.read()
