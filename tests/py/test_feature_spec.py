@@ -35,7 +35,9 @@ def test_feature_spec_validation():
         with pytest.raises(ValueError, match="faae_coefficient must be an int"):
             FeatureSpec("user", table_name="t", faae_coefficient=bad)
     with pytest.raises(ValueError, match="access_threshold must be an int"):
-        FeatureSpec("user", table_name="t", access_threshold=-1)
+        FeatureSpec("user", table_name="t", access_threshold=-2)
+    off = FeatureSpec("user", table_name="t", access_threshold=-1, eviction_threshold=-1)
+    assert off.access_and_evict_config is None  # mxRec's -1: off
     with pytest.raises(ValueError, match="timestamp feature has no table"):
         FeatureSpec("ts", is_timestamp=True, eviction_threshold=5)
     assert FeatureSpec("ts", is_timestamp=True).table_name is None

@@ -72,8 +72,11 @@ class FeatureSpec:
             raise ValueError(f"FeatureSpec('{name}'): a timestamp feature has no table, so "
                              f"no access_threshold / eviction_threshold")
         self.table_name = table_name
-        self.access_threshold = _nonneg_int(name, "access_threshold", access_threshold)
-        self.eviction_threshold = _nonneg_int(name, "eviction_threshold", eviction_threshold)
+        # (mxRec's -1: off, as None)
+        self.access_threshold = _nonneg_int(name, "access_threshold",
+                                            None if access_threshold == -1 else access_threshold)
+        self.eviction_threshold = _nonneg_int(
+            name, "eviction_threshold", None if eviction_threshold == -1 else eviction_threshold)
         if self.access_threshold is not None and self.access_threshold > 2**32 - 1:
             raise ValueError(f"FeatureSpec('{name}'): access_threshold must be < 2^32")
         self.batch_size = _nonneg_int(name, "batch_size", batch_size)
