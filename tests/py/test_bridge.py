@@ -265,3 +265,28 @@ def test_step_reads_rows_before_it_updates_them():
         losses = [s.run([loss, train])[0] for _ in range(20)]
     expected = [6 * (0.25 - 0.1 * k) for k in range(20)]
     np.testing.assert_allclose(losses, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("make, want_std", [
+    (lambda: tf.compat.v1.glorot_uniform_initializer(seed=1), np.sqrt(1.0 / 16)),
+    (lambda: tf.compat.v1.glorot_normal_initializer(seed=1), np.sqrt(1.0 / 16)),
+    (lambda: tf.compat.v1.variance_scaling_initializer(scale=2.0, seed=1), np.sqrt(2.0 / 16)),
+    (lambda: tf.compat.v1.variance_scaling_initializer(scale=2.0, distribution="uniform",
+                                                        seed=1), np.sqrt(2.0 / 16)),
+    (lambda: tf.keras.initializers.HeNormal(seed=1), np.sqrt(2.0 / 16)),
+    (lambda: tf.keras.initializers.LecunUniform(seed=1), np.sqrt(1.0 / 16)),
+])
+def test_variance_scaling_initializers(make, want_std):
+    # A row has dim = 16 values and the fans are dim (a table has no fixed row
+    # count): the rows' spread is TensorFlow's variance-scaling rule with
+    # n = 16, std = sqrt(scale / n), on TF's support (uniform: within
+    # sqrt(3) std; truncated normal: within 2 of its stddev before correction).
+    t = dynemb.create_table(tf.int64, 16, "vs", make())
+    rows = dynemb.sparse_lookup(t, tf.range(4000, dtype=tf.int64))
+    with tf.compat.v1.Session() as s:
+        got = s.run(rows)
+    assert abs(got.mean()) < 0.01
+    np.testing.assert_allclose(got.std(), want_std, rtol=0.03)
+    bound = np.sqrt(3) * want_std if "niform" in type(make()).__name__ else \
+        2 * want_std / 0.87962566103423978
+    assert np.abs(got).max() <= bound + 1e-6

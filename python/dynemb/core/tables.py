@@ -43,7 +43,8 @@ EXPORT_FIELDS = ("meta", "keys", "values", "last_access", "cand_keys",
 # Initializers
 # --------------------------------------------------------------------------
 
-def _initializer_to_engine(init: Any, name: str, scale: float) -> tuple[int, float, float, Optional[int]]:
+def _initializer_to_engine(init: Any, name: str, scale: float,
+                           dim: int) -> tuple[int, float, float, Optional[int]]:
     """Maps a TF initializer to (kind, a, b, seed); raises for others."""
     if init is None:
         raise ValueError("create_table('%s'): emb_initializer is required, e.g. "
@@ -72,10 +73,33 @@ def _initializer_to_engine(init: Any, name: str, scale: float) -> tuple[int, flo
     if cls in ("TruncatedNormal", "TruncatedNormalV2"):
         return (_lib.INIT_TRUNCATED_NORMAL, float(cfg.get("mean", 0.0)) * scale,
                 float(cfg.get("stddev", 0.05)) * scale, seed)
+    if all(hasattr(init, a) for a in ("scale", "mode", "distribution")):
+        return _variance_scaling(init, name, scale, seed, dim)
     raise TypeError(
         "create_table('%s'): emb_initializer %s is not supported for dynamic "
         "tables; use zeros/ones/constant (scalar)/random_uniform/random_normal/"
-        "truncated_normal initializers" % (name, cls))
+        "truncated_normal or a variance-scaling initializer (VarianceScaling, Glorot, "
+        "He, LeCun)" % (name, cls))
+
+
+def _variance_scaling(init: Any, name: str, scale: float, seed: Optional[int],
+                      dim: int) -> tuple[int, float, float, Optional[int]]:
+    """VarianceScaling and its Glorot / He / LeCun forms, for rows drawn one
+    at a time: a table has no fixed row count, so the fans are the row's, dim
+    (what a [rows, dim] variable gives in mode "fan_out"). As TensorFlow:
+    truncated normal with the truncation's correction, normal, or uniform."""
+    var = float(init.scale) / max(1.0, float(dim))
+    dist = str(init.distribution).lower()
+    if dist in ("truncated_normal", "normal"):  # (TF1's "normal" is truncated)
+        return (_lib.INIT_TRUNCATED_NORMAL, 0.0,
+                math.sqrt(var) / 0.87962566103423978 * scale, seed)
+    if dist == "untruncated_normal":
+        return _lib.INIT_NORMAL, 0.0, math.sqrt(var) * scale, seed
+    if dist == "uniform":
+        limit = math.sqrt(3.0 * var) * scale
+        return _lib.INIT_UNIFORM, -limit, limit, seed
+    raise TypeError("create_table('%s'): VarianceScaling distribution %r is not supported"
+                    % (name, init.distribution))
 
 
 # --------------------------------------------------------------------------
@@ -289,7 +313,7 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     name_b = name.encode()
     c.name = name_b
     c.dim = dim
-    kind, a, b, seed = _initializer_to_engine(emb_initializer, name, float(init_param))
+    kind, a, b, seed = _initializer_to_engine(emb_initializer, name, float(init_param), dim)
     c.init.kind, c.init.a, c.init.b = kind, a, b
     c.init.seed = (int(seed) & (2**64 - 1)) if seed is not None else zlib.crc32(name_b)
     if opt is not None:
