@@ -46,9 +46,10 @@ def test_feature_spec_validation():
 def test_insert_func_argument_errors():
     with pytest.raises(TypeError, match="FeatureSpec objects"):
         get_asc_insert_func(tgt_key_specs=["user"])
-    with pytest.raises(ValueError, match="repeated"):
-        get_asc_insert_func(tgt_key_specs=[FeatureSpec("u", table_name="a"),
-                                           FeatureSpec("u", table_name="b")])
+    # (a repeated name is no error: test_feature_specs_of_one_name_get_names_of_their_own)
+    two = [FeatureSpec("u", table_name="a"), FeatureSpec("u", table_name="b")]
+    get_asc_insert_func(tgt_key_specs=two)
+    assert [s.name for s in two] == ["u", "u_1"]
     with pytest.raises(NotImplementedError, match="tgt_key_specs"):
         get_asc_insert_func(args_index_list=[0], table_names=["t"])
     ds = tf.data.Dataset.from_tensor_slices({"x": np.arange(4)}).batch(2)
@@ -147,3 +148,15 @@ def test_lookup_needs_the_batch_and_the_right_table():
         fs_lookup(t, spec, b)
     with pytest.raises(ValueError, match="feeds table 't'"):
         fs_lookup(embedding.graph_state().tables["other"], spec, b)
+
+
+def test_feature_specs_of_one_name_get_names_of_their_own():
+    # Several lookups of one feature: mxRec's scripts pass FeatureSpecs of the
+    # same name; each gets a name of its own and still reads the feature.
+    specs = [FeatureSpec("user", table_name="t"), FeatureSpec("user", table_name="t"),
+             FeatureSpec("user", table_name="t")]
+    get_asc_insert_func(tgt_key_specs=specs, is_training=False)
+    assert [s.name for s in specs] == ["user", "user_1", "user_2"]
+    assert {s.index_key for s in specs} == {"user"}
+    with pytest.raises(ValueError, match="given twice"):
+        get_asc_insert_func(tgt_key_specs=[specs[0], specs[0]], is_training=False)

@@ -66,6 +66,7 @@ def test_predict_without_a_model_stops_with_mxrecs_message(tmp_path):
     {"USE_ONE_SHOT": 1, "USE_MODIFY_GRAPH": 0},
     {"USE_DYNAMIC": 0},
     {"USE_MULTI_LOOKUP": 1},
+    {"USE_MULTI_LOOKUP": 1, "USE_MODIFY_GRAPH": 0},
     {"USE_DYNAMIC_EXPANSION": 1},
     {"USE_DYNAMIC_EXPANSION": 1, "USE_MODIFY_GRAPH": 0},
 ], ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()))

@@ -90,6 +90,9 @@ def feature_specs(is_training):
                          eviction_threshold=600, faae_coefficient=1),
              FeatureSpec("item_ids", table_name="item_table", access_threshold=2,
                          eviction_threshold=600, faae_coefficient=4)]
+    if ENV["USE_MULTI_LOOKUP"] == "1":  # one more lookup of the user ids: same name
+        specs.append(FeatureSpec("user_ids", table_name="user_table", access_threshold=2,
+                                 eviction_threshold=600, faae_coefficient=1))
     if TIMESTAMP:
         specs.append(FeatureSpec("timestamp", is_timestamp=True))
     return specs
@@ -97,12 +100,13 @@ def feature_specs(is_training):
 
 def model(batch, tables, is_train, specs):
     embs = []
-    for t, key, spec_i in ((tables[0], "user_ids", 0), (tables[1], "item_ids", 1)):
+    for t, key in ((tables[0], "user_ids"), (tables[1], "item_ids")):
         lookups = 2 if (ENV["USE_MULTI_LOOKUP"] == "1" and key == "user_ids") else 1
         cfg = ({"access_threshold": 2, "eviction_threshold": 600,
                 "faae_coefficient": 1 if key == "user_ids" else 4} if TIMESTAMP else None)
+        mine = [sp for sp in specs if sp.index_key == key] if specs else None
         for k in range(lookups):
-            ids = specs[spec_i] if specs else batch[key]
+            ids = mine[k] if specs else batch[key]
             send_count = None if ENV["USE_DYNAMIC"] == "1" else (
                 BATCH * (USER_FEATS if key == "user_ids" else ITEM_FEATS))
             embs.append(sparse_lookup(t, ids, send_count, is_train=is_train,

@@ -76,11 +76,19 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
         if not isinstance(s, FeatureSpec):
             raise TypeError(f"get_asc_insert_func: tgt_key_specs must hold FeatureSpec "
                             f"objects, got {type(s).__name__}")
-    names = [s.name for s in specs]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ValueError(f"get_asc_insert_func: FeatureSpec names must be unique, {dup[0]!r} "
-                         f"is repeated")
+    if len({id(s) for s in specs}) != len(specs):
+        raise ValueError("get_asc_insert_func: a FeatureSpec object is given twice; make one "
+                         "FeatureSpec per lookup (several may share a name)")
+    # Several FeatureSpecs of one name (several lookups of the same feature)
+    # get names of their own, as mxRec makes them: the k-th repeat is
+    # "<name>_<k>"; each still reads the feature's batch key. The script looks
+    # its tables up with these same FeatureSpec objects.
+    seen: Dict[str, int] = {}
+    for s in specs:
+        k = seen.get(s.name, 0)
+        seen[s.name] = k + 1
+        if k:
+            s.rename(f"{s.name}_{k}")
     if sum(s.is_timestamp for s in specs) > 1:
         raise ValueError("get_asc_insert_func: at most one FeatureSpec may be the timestamp")
     id_specs = [s for s in specs if not s.is_timestamp]

@@ -87,6 +87,12 @@ class FeatureSpec:
         if self.table_name is not None:
             _state.TABLE_OF_SPEC[name] = self.table_name
 
+    def rename(self, name: str) -> None:
+        """Gives the spec a name of its own (its batch key stays)."""
+        self.name = name
+        if self.table_name is not None:
+            _state.TABLE_OF_SPEC[name] = self.table_name
+
     @property
     def access_and_evict_config(self) -> Optional[Dict[str, int]]:
         """The spec's thresholds in sparse_lookup's access_and_evict_config form."""
