@@ -239,3 +239,27 @@ def test_log_level_from_mxrecs_variable(env, level):
                           "logger; print(logging.getLevelName(logger.level))"],
                          env=run_env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == level, out.stderr
+
+
+def test_user_defined_sparse_optimizers_are_refused_by_name():
+    from dynemb.optimizers.base import CustomizedOptimizer
+    with pytest.raises(TypeError, match="MyRule subclasses CustomizedOptimizer.*lazy_adam"):
+        class MyRule(CustomizedOptimizer):  # noqa: F841
+            pass
+
+
+def test_merge_lookup_leaves_one_gradient_per_table():
+    # Two lookups of a table: dynemb's sparse variable already gives one
+    # gradient over both, before and after do_merge_lookup.
+    from dynemb.graph.merge_lookup import do_merge_lookup
+    t = dynemb.create_table(tf.int64, 2, "merged", tf.compat.v1.ones_initializer())
+    a = dynemb.sparse_lookup(t, tf.constant([1, 2], tf.int64))
+    b = dynemb.sparse_lookup(t, tf.constant([2, 3], tf.int64))
+    do_merge_lookup(is_train=True)
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    (g,) = tf.gradients(tf.reduce_sum(a) + tf.reduce_sum(b), sparse)
+    with tf.compat.v1.Session() as s:
+        idx = s.run(g.indices)
+    assert sorted(idx.tolist()) == [1, 2, 2, 3]
+    with pytest.raises(TypeError, match="is_train"):
+        do_merge_lookup(is_train="yes")

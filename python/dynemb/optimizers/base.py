@@ -195,3 +195,19 @@ class SparseOptimizer:
         var_list = list(var_list) if var_list is not None else sparse_variables()
         grads = tf.gradients(loss, var_list)
         return self.apply_gradients(zip(grads, var_list), global_step, name)
+
+
+class CustomizedOptimizer(SparseOptimizer):
+    """mxRec's base class of user-defined sparse optimizers. dynemb applies the
+    sparse update inside its engine, with TensorFlow's math for SGD, Adagrad,
+    lazy Adam and FTRL, so an update rule written in TensorFlow ops by a
+    subclass could not run there: defining a subclass raises TypeError naming
+    the optimizers there are."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        raise TypeError(
+            "dynemb: %s subclasses CustomizedOptimizer to bring its own sparse update "
+            "rule; dynemb applies sparse updates inside its engine and has these: "
+            "dynemb.optimizers.gradient_descent, adagrad, lazy_adam, ftrl (and their "
+            "*_by_addr forms). Use one of them (their hyper-parameters are keywords of "
+            "create_hash_optimizer)" % cls.__name__)
