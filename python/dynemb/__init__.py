@@ -7,7 +7,8 @@ from dynemb import _lib
 from dynemb._lib import DynembError
 from dynemb.core.embedding import (EmbeddingTable, clear_tables, create_table, drop_table,
                                    sparse_lookup)
-from dynemb.core.checkpoint import patch_saver as _patch_saver, restore_tables, save_tables
+from dynemb.core.checkpoint import (export_tables, patch_saver as _patch_saver, restore_tables,
+                                    save_tables)
 from dynemb.core.asc.feature_spec import FeatureSpec
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
@@ -43,7 +44,7 @@ __all__ = [
     "start_asc_pipeline", "adagrad", "clear_channel",
     "clear_tables", "create_table", "drop_table", "ftrl", "get_dense_and_sparse_variable",
     "get_initializer", "get_rank_id", "get_rank_size", "get_use_dynamic_expansion", "gradient_descent",
-    "init", "lazy_adam", "restore_tables", "save_tables", "set_if_load", "sparse_lookup",
+    "init", "lazy_adam", "restore_tables", "save_tables", "export_tables", "set_if_load", "sparse_lookup",
     "terminate",
     "terminate_config_initializer", "version", "warm_start", "WarmStartError",
 ]

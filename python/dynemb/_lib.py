@@ -93,6 +93,19 @@ class CkptEntry(ctypes.Structure):
                 ("apply_steps", ctypes.c_uint64), ("file_bytes", ctypes.c_uint64)]
 
 
+class Snapshot(ctypes.Structure):
+    """dynemb_snapshot: a table's contents, rows sorted by key."""
+    _fields_ = [("dim", ctypes.c_int), ("row_floats", ctypes.c_int),
+                ("optimizer_kind", ctypes.c_int), ("apply_steps", ctypes.c_uint64),
+                ("rows", ctypes.c_size_t), ("keys", ctypes.POINTER(ctypes.c_int64)),
+                ("values", ctypes.POINTER(ctypes.c_float)),
+                ("last_access", ctypes.POINTER(ctypes.c_uint32)),
+                ("candidates", ctypes.c_size_t),
+                ("cand_keys", ctypes.POINTER(ctypes.c_int64)),
+                ("cand_counts", ctypes.POINTER(ctypes.c_uint32)),
+                ("cand_last_access", ctypes.POINTER(ctypes.c_uint32))]
+
+
 class TableStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in STATS_FIELDS]
 
@@ -118,6 +131,10 @@ _SIGS = {
                                                  ctypes.POINTER(ctypes.POINTER(CkptEntry)),
                                                  ctypes.POINTER(ctypes.c_size_t)]),
     "dynemb_ckpt_entries_free": (None, [ctypes.POINTER(CkptEntry), ctypes.c_size_t]),
+    "dynemb_table_snapshot": (ctypes.c_int, [_P, ctypes.POINTER(Snapshot)]),
+    "dynemb_checkpoint_read": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
+                                              ctypes.POINTER(Snapshot)]),
+    "dynemb_snapshot_free": (None, [ctypes.POINTER(Snapshot)]),
     "dynemb_table_get_stats": (None, [_P, ctypes.POINTER(TableStats)]),
     "dynemb_table_size": (ctypes.c_uint64, [_P]),
     "dynemb_table_capacity": (ctypes.c_uint64, [_P]),

@@ -39,6 +39,9 @@ from dynemb.util.log import logger
 
 # Tables this process holds a reference to: name -> engine handle.
 HANDLES: dict[str, ctypes.c_void_p] = {}
+# The sparse directory of the latest Saver checkpoint written in this process
+# (mxRec's saver.sparse.export reads "the checkpoint saved for the current step").
+LAST_SAVED_SPARSE_DIR: list = []
 
 
 def release_handles() -> None:
@@ -56,6 +59,7 @@ def drop_all_tables() -> None:
     for states in (_GRAPHS, _MODIFICATIONS, _FEATURE_SPECS, _SWITCHED_APPLIES):
         states.clear()
     TABLE_OF_SPEC.clear()
+    LAST_SAVED_SPARSE_DIR.clear()
 
 
 class GraphState:

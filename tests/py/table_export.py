@@ -18,19 +18,6 @@ def export_sorted(name):
     return out[1][order], out[2][order]
 
 
-class _Snapshot(ctypes.Structure):
-    """dynemb_snapshot (include/dynemb.h)."""
-    _fields_ = [("dim", ctypes.c_int), ("row_floats", ctypes.c_int),
-                ("optimizer_kind", ctypes.c_int), ("apply_steps", ctypes.c_uint64),
-                ("rows", ctypes.c_size_t), ("keys", ctypes.POINTER(ctypes.c_int64)),
-                ("values", ctypes.POINTER(ctypes.c_float)),
-                ("last_access", ctypes.POINTER(ctypes.c_uint32)),
-                ("candidates", ctypes.c_size_t),
-                ("cand_keys", ctypes.POINTER(ctypes.c_int64)),
-                ("cand_counts", ctypes.POINTER(ctypes.c_uint32)),
-                ("cand_last_access", ctypes.POINTER(ctypes.c_uint32))]
-
-
 def checkpoint_rows(saver_prefix, name):
     """(keys, values) of table `name` in a Saver checkpoint, sorted by key:
     read from its sparse directory (mxRec's sparse-<prefix>) by the engine.
@@ -39,7 +26,7 @@ def checkpoint_rows(saver_prefix, name):
     if os.path.isdir(prefix) and not os.path.basename(prefix).startswith("sparse-"):
         prefix = tf.train.latest_checkpoint(prefix) or prefix
     d, base = os.path.split(os.path.normpath(prefix))
-    snap = _Snapshot()
+    snap = _lib.Snapshot()
     _lib.check(_lib.clib.dynemb_checkpoint_read(os.path.join(d, "sparse-" + base).encode(),
                                                 name.encode(), ctypes.byref(snap)),
                "checkpoint_rows")

@@ -52,6 +52,7 @@ LAYERS = {
     "dynemb.graph": 4,
     "dynemb.util": 4,
     "dynemb.optimizers": 4,
+    "dynemb.saver": 4,
     # 5. The package itself.
     "dynemb": 5,
 }

@@ -156,7 +156,73 @@ def _save(self, sess, save_path, global_step=None, *args, **kwargs):
         os.rename(sparse_dir(path), sparse_dir(out))
     if out and self._max_to_keep:  # pylint: disable=protected-access
         _prune(self, save_path)
+    if out:
+        _state.LAST_SAVED_SPARSE_DIR[:] = [sparse_dir(out)]
     return out
+
+
+# --------------------------------------------------------------------------
+# Export for other systems: keys and embeddings as NumPy files
+# --------------------------------------------------------------------------
+
+def _embeddings(fill: Any, what: str) -> tuple:
+    """(keys, embeddings) of the snapshot that `fill` (an engine call on a
+    snapshot pointer) makes; the snapshot is freed."""
+    import numpy as np  # (numpy comes with TensorFlow)
+    snap = _lib.Snapshot()
+    _lib.check(fill(ctypes.byref(snap)), what)
+    try:
+        if not snap.rows:
+            return np.zeros([0], np.int64), np.zeros([0, snap.dim], np.float32)
+        keys = np.ctypeslib.as_array(snap.keys, (snap.rows,)).copy()
+        values = np.ctypeslib.as_array(snap.values, (snap.rows, snap.row_floats))
+        return keys, values[:, :snap.dim].copy()
+    finally:
+        _lib.clib.dynemb_snapshot_free(ctypes.byref(snap))
+
+
+def _write_npy(path: str, tables: dict) -> None:
+    """<path>/<table>/keys.npy and embeddings.npy for each table, written to a
+    temporary directory first and then moved in place, table by table."""
+    import numpy as np
+    os.makedirs(path, exist_ok=True)
+    for name, (keys, emb) in tables.items():
+        final = os.path.join(path, name)
+        tmp = final + ".tmp-export"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        np.save(os.path.join(tmp, "keys.npy"), keys)
+        np.save(os.path.join(tmp, "embeddings.npy"), emb)
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(tmp, final)
+
+
+def export_tables(path: str, tables: Optional[Iterable[Any]] = None) -> list[str]:
+    """Writes the keys and embeddings (no optimizer state) of `tables`
+    (default: every table of this process) as NumPy files
+    ``<path>/<table>/keys.npy`` (int64 [rows], sorted) and ``embeddings.npy``
+    (float32 [rows, dim]), for other systems. Returns the names written."""
+    names = _names(tables)
+    with _handles(names, "export_tables") as hs:
+        out = {name: _embeddings(lambda snap: _lib.clib.dynemb_table_snapshot(h, snap),
+                                 "export_tables('%s')" % name)
+               for name, h in zip(names, hs)}
+    _write_npy(str(path), out)
+    return names
+
+
+def export_checkpoint(ckpt_dir: str, path: str,
+                      tables: Optional[Iterable[str]] = None) -> list[str]:
+    """export_tables from engine checkpoint directory `ckpt_dir` (every table
+    in it by default), each table verified before it is written."""
+    names = list(tables) if tables is not None else sorted(_entries(ckpt_dir))
+    if not names and not os.path.isdir(ckpt_dir):
+        raise ValueError("dynemb export: '%s' is not a checkpoint directory" % ckpt_dir)
+    out = {name: _embeddings(lambda snap, n=name: _lib.clib.dynemb_checkpoint_read(
+        str(ckpt_dir).encode(), n.encode(), snap),
+        "export of table '%s' from '%s'" % (name, ckpt_dir)) for name in names}
+    _write_npy(str(path), out)
+    return names
 
 
 def _entries(path: str) -> set:

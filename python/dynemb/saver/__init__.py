@@ -1,0 +1,1 @@
+"""mxRec's ``mx_rec.saver`` package (``saver.sparse.export``)."""
