@@ -19,10 +19,13 @@ static void ckpt_usage(FILE *f) {
   fprintf(f,
           "usage: dynemb ckpt inspect [--json] DIR\n"
           "       dynemb ckpt verify DIR\n"
+          "       dynemb ckpt export DIR OUT [TABLE ...]\n"
           "\n"
           "  inspect   list the tables of checkpoint DIR (reads headers "
           "only)\n"
-          "  verify    read every file of DIR and check all checksums\n");
+          "  verify    read every file of DIR and check all checksums\n"
+          "  export    write each table's keys and embeddings as NumPy files,\n"
+          "            OUT/<table>/keys.npy and embeddings.npy\n");
 }
 
 
@@ -149,6 +152,7 @@ int dynemb_cmd_ckpt(int argc, char **argv) {
     return argc < 1 ? 2 : 0;
   }
   const char *sub = argv[0];
+  if (!strcmp(sub, "export")) return dynemb_cmd_ckpt_export(argc - 1, argv + 1);
   const char *dir = NULL;
   int json = 0;
   for (int i = 1; i < argc; i++) {

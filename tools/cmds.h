@@ -9,5 +9,6 @@
 
 int dynemb_cmd_bench(int argc, char **argv); /* bench.c */
 int dynemb_cmd_ckpt(int argc, char **argv);  /* ckpt_cmd.c */
+int dynemb_cmd_ckpt_export(int argc, char **argv); /* ckpt_export.c */
 
 #endif

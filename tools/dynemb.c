@@ -20,6 +20,7 @@ static void usage(FILE *f) {
           "  ckpt inspect DIR      tables, rows, dims, optimizer, format "
           "version\n"
           "  ckpt verify DIR       check every file and checksum\n"
+          "  ckpt export DIR OUT   tables as NumPy files (keys, embeddings)\n"
           "  version               print the library version\n");
 }
 

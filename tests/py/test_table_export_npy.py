@@ -56,3 +56,25 @@ def test_mxrec_export_reads_the_checkpoint_of_the_current_step(tmp_path):
 def test_mxrec_export_before_any_save_is_a_clear_error():
     with pytest.raises(ValueError, match="no checkpoint was saved in this process"):
         export()
+
+
+def test_ckpt_export_command_writes_the_same_files(tmp_path):
+    # `dynemb ckpt export` (C, no TensorFlow) writes what export_tables writes.
+    import os
+    import subprocess
+    _trained(tmp_path)
+    dynemb.export_tables(tmp_path / "py")
+    cli = os.path.join(os.path.dirname(__file__), "..", "..", "build", "dynemb")
+    r = subprocess.run([cli, "ckpt", "export", str(tmp_path / "sparse-model-3"),
+                        str(tmp_path / "c")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "npy_t: 5 rows x 3" in r.stdout  # ids 5, -2, 7, 8, 9
+    for f in ("keys.npy", "embeddings.npy"):
+        a, b = np.load(tmp_path / "py" / "npy_t" / f), np.load(tmp_path / "c" / "npy_t" / f)
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    r = subprocess.run([cli, "ckpt", "export", str(tmp_path / "sparse-model-3"),
+                        str(tmp_path / "c"), "nope"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "nope" in r.stderr
+    assert sorted(os.listdir(tmp_path / "c")) == ["npy_t"]  # nothing half written

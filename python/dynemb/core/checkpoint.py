@@ -185,6 +185,10 @@ def _write_npy(path: str, tables: dict) -> None:
     """<path>/<table>/keys.npy and embeddings.npy for each table, written to a
     temporary directory first and then moved in place, table by table."""
     import numpy as np
+    bad = [n for n in tables if not n or "/" in n or n in (".", "..")]
+    if bad:
+        raise ValueError("dynemb export: table '%s' cannot be a directory name (a '/' or "
+                         "'.' / '..'); nothing was written" % bad[0])
     os.makedirs(path, exist_ok=True)
     for name, (keys, emb) in tables.items():
         final = os.path.join(path, name)
