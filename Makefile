@@ -5,7 +5,8 @@
 #   make install    header, libraries, CLI and pkg-config file under
 #                   $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); `make uninstall`
 #   make check      the C tests: unit tests (ASan+UBSan), TSan stress, plain
-#                   tests, checkpoint fuzzing (where clang is), the install test;
+#                   tests, checkpoint fuzzing (where clang is), the exchange
+#                   between processes under mpirun (where mpicc is), the install test;
 #                   `make check T=test_table [F=test_admission]` runs one
 #                   program [one test function of it]
 #   make venv       .venv with the pinned TensorFlow (first run downloads it)
@@ -158,20 +159,30 @@ build/plain/plain_%: tests/c/plain_%.c $(UNLESS_DEPS) build/libdynemb.a
 build/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.c $(UNLESS_DEPS) build/fuzz/libdynemb.a
 	clang $(BASEFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer $< build/fuzz/libdynemb.a -o $@ $(LDLIBS)
 
+# The exchange between worker processes (comm/, MPI) is tested under
+# mpirun where an MPI compiler is (Debian: openmpi-bin libopenmpi-dev);
+# the engine itself never links MPI.
+MPICC    ?= mpicc
+MPI_SRC  := $(wildcard tests/mpi/mpi_*.c)
+build/mpi/mpi_%: tests/mpi/mpi_%.c comm/exchange.c comm/dynemb_comm.h tests/c/check.h
+	@mkdir -p $(@D)
+	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(ASAN_FLAGS) -Icomm -Itests/c $< comm/exchange.c -o $@ -pthread
+
 C_TESTS     := $(TEST_SRC:tests/c/%.c=build/asan/%)
 TSAN_TESTS  := $(TSAN_SRC:tests/c/%.c=build/tsan/%)
 PLAIN_TESTS := $(PLAIN_SRC:tests/c/%.c=build/plain/%)
 FUZZ_TESTS  := $(if $(shell command -v clang 2>/dev/null),build/fuzz/fuzz_ckpt)
+MPI_TESTS   := $(if $(shell command -v $(MPICC) 2>/dev/null),$(MPI_SRC:tests/mpi/%.c=build/mpi/%))
 
 # The program of a C test by name (test_table -> build/asan/test_table).
-test_program = $(filter %/$(1),$(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS) $(FUZZ_TESTS))
+test_program = $(filter %/$(1),$(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS) $(FUZZ_TESTS) $(MPI_TESTS))
 
 DEP_FILES := $(foreach d,obj $(FLAVOURS:%=%/obj),$(ENGINE_SRC:src/%.c=build/$(d)/%.d)) \
              $(TOOL_OBJ:.o=.d) $(addsuffix .d,$(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS) \
              build/fuzz/fuzz_ckpt build/step_costs)
 include $(wildcard $(DEP_FILES))
 
-c-tests: $(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS) $(FUZZ_TESTS)
+c-tests: $(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS) $(FUZZ_TESTS) $(MPI_TESTS)
 
 # T=NAME: one program (test_table, tsan_stress, fuzz_ckpt, install_test);
 # F=NAME: one test function of it.

@@ -5,7 +5,8 @@
 #
 #   tests/run_all.sh c [PROGRAM [TEST...]]   the C tests (`make check`): every
 #        program of build/asan, build/tsan, build/plain, the checkpoint fuzzer
-#        (where it was built) and tests/install_test.sh; or the one PROGRAM
+#        (where it was built), the MPI exchange tests of build/mpi under
+#        mpirun on 2 and 3 ranks, and tests/install_test.sh; or the one PROGRAM
 #        (test_table, fuzz_ckpt, install_test), with only its TEST functions
 #   tests/run_all.sh py    the Python/TensorFlow tests on the pinned
 #        TensorFlow, and unless TF_COMPAT=0 once more on the newer TensorFlow
@@ -51,6 +52,20 @@ c_tests() {
     else
       tail -n 30 build/fuzz/log.txt; echo "FAIL fuzz_ckpt"; failed=$((failed + 1))
     fi
+  fi
+  # The exchange between processes: 2 and 3 ranks, each run bounded (a
+  # hang is a failure, never a stuck CI). vader's single-copy mechanism
+  # needs ptrace rights that containers often lack; plain copies serve.
+  for t in build/mpi/mpi_*; do
+    [ -x "$t" ] && wanted "$(basename "$t")" || continue
+    for n in 2 3; do
+      run_counted "$t ($n ranks)" env ASAN_OPTIONS=detect_leaks=0 \
+        OMPI_MCA_btl_vader_single_copy_mechanism=none \
+        timeout -k 5 120 mpirun --oversubscribe --allow-run-as-root -np "$n" "$t" "$@"
+    done
+  done
+  if [ ! -e build/mpi ] && [ -z "$only" ]; then
+    echo "== MPI exchange tests skipped: no mpicc (Debian: apt-get install openmpi-bin libopenmpi-dev)"
   fi
   if wanted install_test; then run_counted tests/install_test.sh bash tests/install_test.sh; fi
 }

@@ -1,0 +1,71 @@
+/*
+ * dynemb_comm.h -- the exchange between worker processes (MPI), kept out of
+ * the engine: libdynemb stays MPI-free and one worker needs no MPI.
+ *
+ * Why channels instead of MPI's collectives: TensorFlow runs the ops of a
+ * step on several threads in any order, so two ranks can reach two lookups'
+ * exchanges in opposite orders. Collectives on one communicator must be
+ * issued in the same order by every rank, and such a schedule deadlocks. An
+ * exchange here is an all-to-all written as point-to-point messages whose
+ * MPI tag is the exchange's *channel* (one per exchange point of the graph:
+ * a lookup's forward, its gradients, ...). MPI matches messages by source
+ * and tag and keeps messages of one source and tag in order, so exchanges on
+ * different channels can run in any order and on any threads on each rank,
+ * and the k-th exchange of a channel on one rank meets the k-th on every
+ * other rank. The contract: every rank runs the same exchanges of each
+ * channel in the same order, one at a time per channel.
+ *
+ * Every message starts with a header (channel, sequence number), so a tag
+ * shared by two channels or a rank that skipped an exchange is an error, not
+ * wrong rows; every wait has a deadline, after which the error names the
+ * ranks that did not answer (a rank that died or hangs never hangs the
+ * others).
+ *
+ * Functions return 0, or -1 with a sentence in `err`.
+ */
+#ifndef DYNEMB_COMM_H
+#define DYNEMB_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dynemb_comm dynemb_comm;
+
+/* Joins the world of the MPI launch (MPI_Init_thread with
+ * MPI_THREAD_MULTIPLE unless the process initialised MPI already, which then
+ * must have granted that level). `timeout_s` bounds every wait (> 0). */
+int dynemb_comm_open(dynemb_comm **out, double timeout_s, char *err,
+                     size_t err_len);
+
+/* Ends the exchange; MPI is finalised if dynemb_comm_open initialised it. */
+void dynemb_comm_close(dynemb_comm *c);
+
+int dynemb_comm_rank(const dynemb_comm *c);
+int dynemb_comm_size(const dynemb_comm *c);
+/* Processes of this job on this host. */
+int dynemb_comm_local_size(const dynemb_comm *c);
+
+/* All-to-all of bytes on `channel`: `send_bytes[p]` bytes from
+ * `send + send_offset[p]` go to rank p (p = own rank included, copied
+ * locally). On success `*recv` is one malloc'd buffer (free() it; NULL when
+ * nothing arrived) with rank p's bytes at recv_offset[p], recv_bytes[p]
+ * long. The arrays have dynemb_comm_size entries. Thread-safe; two exchanges
+ * on one channel at once is an error. */
+int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
+                          const size_t *send_offset, const size_t *send_bytes,
+                          void **recv, size_t *recv_offset, size_t *recv_bytes,
+                          char *err, size_t err_len);
+
+/* Bytes this rank has sent to other ranks (payload, headers excluded), for
+ * the benchmarks' per-step volumes. */
+uint64_t dynemb_comm_bytes_sent(const dynemb_comm *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

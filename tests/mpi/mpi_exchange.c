@@ -1,0 +1,221 @@
+/*
+ * mpi_exchange.c -- dynemb_comm under mpirun (tests/run_all.sh runs it on 2
+ * and 3 ranks, each run under a timeout).
+ *
+ * Every payload is a function of (source, destination, channel, exchange
+ * number, byte position) that the receiver recomputes, so a byte delivered
+ * to the wrong exchange, from the wrong rank or at the wrong offset fails.
+ * The stress test is the design's proof: each rank runs many channels at
+ * once, each on a thread of its own and begun in an order of the rank's
+ * own (the thread differs by rank, the order by rank and by round), as
+ * TensorFlow's scheduler may; it must finish with every byte right. The fault test has
+ * ranks wait on channels nobody else uses and expects a bounded error that
+ * names the ranks that did not answer. Each rank's failures are summed to
+ * rank 0, which alone prints the PASS/FAIL lines.
+ */
+#include <mpi.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "dynemb_comm.h"
+
+static dynemb_comm *C;
+static int RANK, SIZE;
+
+static unsigned char pattern(int src, int dst, uint32_t ch, uint64_t seq,
+                             size_t i) {
+  uint64_t x = (uint64_t)src * 1000003u ^ (uint64_t)dst * 7919u ^
+               (uint64_t)ch * 104729u ^ seq * 31u ^ i * 2654435761u;
+  return (unsigned char)(x ^ x >> 11 ^ x >> 23);
+}
+
+/* Bytes rank src sends rank dst in exchange seq of ch: varied, some 0, and
+ * every 7th exchange large enough for MPI's rendezvous protocol. */
+static size_t part_len(int src, int dst, uint32_t ch, uint64_t seq) {
+  uint64_t s = ((uint64_t)src * 131 + (uint64_t)dst * 17 + ch * 7 + seq) | 1;
+  size_t len = (size_t)(check_xorshift(&s) % 3000);
+  if (seq % 5 == 3) len = 0;
+  if (seq % 7 == 6) len += 300000;
+  return len;
+}
+
+/* One exchange on ch with the patterns; returns the number of wrong
+ * things (0: all right). */
+static int exchange_checked(dynemb_comm *c, uint32_t ch, uint64_t seq) {
+  size_t *soff = calloc((size_t)SIZE, sizeof *soff);
+  size_t *slen = calloc((size_t)SIZE, sizeof *slen);
+  size_t *roff = calloc((size_t)SIZE, sizeof *roff);
+  size_t *rlen = calloc((size_t)SIZE, sizeof *rlen);
+  size_t total = 0;
+  for (int p = 0; p < SIZE; p++) {
+    soff[p] = total;
+    slen[p] = part_len(RANK, p, ch, seq);
+    total += slen[p];
+  }
+  unsigned char *send = malloc(total ? total : 1);
+  for (int p = 0; p < SIZE; p++)
+    for (size_t i = 0; i < slen[p]; i++)
+      send[soff[p] + i] = pattern(RANK, p, ch, seq, i);
+  void *recv = NULL;
+  char err[512];
+  int bad = 0;
+  if (dynemb_comm_alltoallv(c, ch, send, soff, slen, &recv, roff, rlen, err,
+                            sizeof err)) {
+    fprintf(stderr, "rank %d: %s\n", RANK, err);
+    bad = 1;
+  } else {
+    const unsigned char *r = recv;
+    size_t at = 0;
+    for (int p = 0; p < SIZE; p++) {
+      if (rlen[p] != part_len(p, RANK, ch, seq) || roff[p] != at) {
+        bad++;
+        continue;
+      }
+      for (size_t i = 0; i < rlen[p]; i++)
+        if (r[roff[p] + i] != pattern(p, RANK, ch, seq, i)) {
+          bad++;
+          break;
+        }
+      at += rlen[p];
+    }
+  }
+  free(recv);
+  free(send);
+  free(soff);
+  free(slen);
+  free(roff);
+  free(rlen);
+  return bad;
+}
+
+static void test_ranks(void) {
+  int r, s;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  CHECK(dynemb_comm_rank(C) == r);
+  CHECK(dynemb_comm_size(C) == s);
+  CHECK(dynemb_comm_local_size(C) == s); /* one host in the tests */
+}
+
+static void test_exchange_equals_reference(void) {
+  uint64_t before = dynemb_comm_bytes_sent(C);
+  uint64_t want = 0;
+  for (uint64_t seq = 0; seq < 20; seq++) {
+    CHECK(exchange_checked(C, 42, seq) == 0);
+    for (int p = 0; p < SIZE; p++)
+      if (p != RANK) want += part_len(RANK, p, 42, seq);
+  }
+  CHECK(dynemb_comm_bytes_sent(C) - before == want);
+}
+
+enum { CHANNELS = 12, ROUNDS = 60 };
+static int stress_bad[CHANNELS];
+
+/* Thread t of this rank runs channel 1000 + (t + RANK) % CHANNELS: another
+ * thread than on the other ranks, with random pauses, so the ranks start
+ * the channels' exchanges in orders of their own. One thread per channel is
+ * the contract's model of TensorFlow (an op waiting in its exchange holds
+ * its thread, and a rank whose every thread waits on exchanges that the
+ * other rank has not begun would wait for ever, whatever the transport):
+ * the graph must let each rank begin every exchange without waiting on
+ * another exchange of a different order. */
+static void *stress_thread(void *arg) {
+  int t = (int)(intptr_t)arg;
+  uint64_t rng = 0x9e3779b97f4a7c15u ^ (uint64_t)(RANK * 977 + t * 13 + 1);
+  uint32_t ch = 1000u + (uint32_t)((t + RANK) % CHANNELS);
+  for (uint64_t round = 0; round < ROUNDS; round++) {
+    struct timespec ts = {0, (long)(check_xorshift(&rng) % 200000)};
+    nanosleep(&ts, NULL);
+    stress_bad[t] += exchange_checked(C, ch, round);
+  }
+  return NULL;
+}
+
+static void test_any_order_on_any_thread(void) {
+  pthread_t th[CHANNELS];
+  for (int t = 0; t < CHANNELS; t++) {
+    stress_bad[t] = 0;
+    pthread_create(&th[t], NULL, stress_thread, (void *)(intptr_t)t);
+  }
+  for (int t = 0; t < CHANNELS; t++) pthread_join(th[t], NULL);
+  for (int t = 0; t < CHANNELS; t++) CHECK(stress_bad[t] == 0);
+}
+
+/* Rank 0 waits on channel 7, the others on channel 8: rank 0 hears from
+ * nobody, the others from each other but not from rank 0. */
+static void test_missing_rank_is_a_bounded_error(void) {
+  dynemb_comm *f = NULL;
+  char err[512];
+  CHECK(dynemb_comm_open(&f, 1.0, err, sizeof err) == 0);
+  if (!f) return;
+  size_t *z = calloc((size_t)SIZE, sizeof *z), *ro = calloc((size_t)SIZE, sizeof *ro),
+         *rl = calloc((size_t)SIZE, sizeof *rl);
+  char one = 1;
+  void *recv = NULL;
+  double t0 = MPI_Wtime();
+  int rc = dynemb_comm_alltoallv(f, RANK == 0 ? 7 : 8, &one, z, z, &recv, ro,
+                                 rl, err, sizeof err);
+  double took = MPI_Wtime() - t0;
+  CHECK(rc == -1);
+  CHECK(took >= 0.9 && took < 10.0);
+  char want[64];
+  if (RANK == 0)
+    snprintf(want, sizeof want, "rank(s) 1%s did not send", SIZE > 2 ? ", 2" : "");
+  else
+    snprintf(want, sizeof want, "rank(s) 0 did not send");
+  if (rc == -1 && !strstr(err, want)) {
+    fprintf(stderr, "rank %d: message '%s' lacks '%s'\n", RANK, err, want);
+    CHECK(0);
+  }
+  free(recv);
+  free(z);
+  free(ro);
+  free(rl);
+  MPI_Barrier(MPI_COMM_WORLD);
+  dynemb_comm_close(f);
+}
+
+static void test_bad_timeout_refused(void) {
+  dynemb_comm *f = NULL;
+  char err[256] = "";
+  CHECK(dynemb_comm_open(&f, 0, err, sizeof err) == -1);
+  CHECK(f == NULL);
+  CHECK(strstr(err, "timeout") != NULL);
+}
+
+#define MPI_RUN(test)                                                      \
+  do {                                                                     \
+    if (!check_selected(#test)) break;                                     \
+    check_failed_in_test = 0;                                              \
+    test();                                                                \
+    int all_ = 0;                                                          \
+    MPI_Allreduce(&check_failed_in_test, &all_, 1, MPI_INT, MPI_SUM,       \
+                  MPI_COMM_WORLD);                                         \
+    if (all_) check_failed_total++; else check_passed_total++;             \
+    if (RANK == 0) printf("%s %s (%d ranks)\n", all_ ? "FAIL" : "PASS",   \
+                          #test, SIZE);                                    \
+    fflush(stdout);                                                        \
+  } while (0)
+
+int main(void) {
+  char err[512];
+  if (dynemb_comm_open(&C, 20.0, err, sizeof err)) {
+    fprintf(stderr, "dynemb_comm_open: %s\n", err);
+    return 1;
+  }
+  RANK = dynemb_comm_rank(C);
+  SIZE = dynemb_comm_size(C);
+  MPI_RUN(test_ranks);
+  MPI_RUN(test_exchange_equals_reference);
+  MPI_RUN(test_any_order_on_any_thread);
+  MPI_RUN(test_missing_rank_is_a_bounded_error);
+  MPI_RUN(test_bad_timeout_refused);
+  int failed = check_failed_total;
+  if (RANK == 0) printf("%d passed, %d failed\n", check_passed_total, failed);
+  dynemb_comm_close(C);
+  return failed ? 1 : 0;
+}
