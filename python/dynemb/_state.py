@@ -207,8 +207,18 @@ def set_access_threshold(threshold: int, emb_name: Optional[str] = None,
     names = [emb_name] if emb_name else sorted(HANDLES)
     for n in names:
         with _lib.table_handle(n, ValueError("set_threshold: no table named '%s'" % n)) as h:
-            _lib.check(_lib.clib.dynemb_table_set_access_threshold(h, int(threshold)),
-                       "set_threshold('%s')" % n)
+            _lib.check(_lib.clib.dynemb_table_set_access_threshold(
+                h, counted_threshold(int(threshold), table_faae_coefficient(n))),
+                "set_threshold('%s')" % n)
+
+
+def table_faae_coefficient(table_name: str, graph: Optional[tf.Graph] = None) -> int:
+    """The faae_coefficient of the table's lookups (or FeatureSpecs) built
+    so far in `graph` (the default graph), 1 when none gave one: a run-time
+    threshold is weighed like the one of the table's configuration."""
+    g = graph if graph is not None else tf.compat.v1.get_default_graph()
+    cfg = graph_state(g).evict_configs.get(table_name) or {}
+    return int(cfg.get("faae_coefficient", 1) or 1)
 
 
 # --------------------------------------------------------------------------

@@ -100,6 +100,41 @@ def test_set_threshold_finds_the_table_by_ids_name_alone():
         "DynembSetAccessThreshold"
 
 
+@pytest.mark.parametrize("how", ["int", "fed tensor", "legacy call"])
+def test_set_threshold_weighs_sightings_by_the_faae_coefficient(how):
+    # mxRec's rule for the run-time threshold too: a key is admitted when
+    # its sightings x faae_coefficient reach the threshold. The reference is
+    # that rule, counted here.
+    weight, first, second = 3, 9, 5     # admitted at 3 sightings, then at ceil(5/3) = 2
+    opt = gradient_descent.create_hash_optimizer(learning_rate=1.0)
+    t = _table("weighed", opt)
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    e = dynemb.sparse_lookup(t, ids, access_and_evict_config={
+        "access_threshold": first, "faae_coefficient": weight})
+    train = _train_op(opt, tf.reduce_sum(e))
+    fed = tf.compat.v1.placeholder(tf.int32, [])
+    op = (import_host_pipeline_ops().set_threshold(second if how == "int" else fed,
+                                                   emb_name="weighed")
+          if how != "legacy call" else None)
+
+    def sightings_to_admit(s, key):
+        for n in range(1, 10):
+            s.run(train, {ids: [key]})
+            if key in _rows("weighed"):
+                return n
+        return None
+
+    with tf.compat.v1.Session() as s:
+        assert sightings_to_admit(s, 1) == min(n for n in range(1, 10) if n * weight >= first)
+        if how == "legacy call":
+            ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(
+                second, emb_name="weighed")
+        else:
+            s.run(op, {fed: second} if how == "fed tensor" else None)
+        assert sightings_to_admit(s, 2) == min(n for n in range(1, 10)
+                                               if n * weight >= second) == 2
+
+
 def test_threshold_zero_and_out_of_range_are_refused():
     t, ids, train = _fed_model(2, name="zero")
     ops = import_host_pipeline_ops()

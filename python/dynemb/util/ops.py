@@ -123,6 +123,16 @@ def _threshold_tensor(threshold: Any) -> tf.Tensor:
         return tf.identity(t)
 
 
+def _weighed(threshold: tf.Tensor, faae_coefficient: int) -> tf.Tensor:
+    """The number of sightings at which a key whose sightings weigh
+    faae_coefficient each reaches `threshold` (_state.counted_threshold, in
+    graph ops for a threshold known only at run time)."""
+    if faae_coefficient == 1:
+        return threshold
+    w = tf.constant(faae_coefficient, tf.int64)
+    return tf.maximum(tf.constant(1, tf.int64), (threshold + w - 1) // w)
+
+
 # --------------------------------------------------------------------------
 # return_timestamp
 # --------------------------------------------------------------------------
@@ -338,7 +348,11 @@ class HostPipelineOps:
         integer scalar tensor, 1 to 2^32-1). mxRec's ids_name has no effect
         when emb_name is given; alone, it names a FeatureSpec or a
         sparse_lookup(name=...) whose table is meant. Neither: every table.
-        Ids seen before the op ran keep their counts."""
+        Ids seen before the op ran keep their counts. As in the table's
+        configuration, a key is admitted when its sightings times the
+        faae_coefficient of the table's lookups (built before this op)
+        reach `threshold`; the op's output is the previous threshold in
+        sightings."""
         tables = _tables_for(emb_name, ids_name)
         with tf.name_scope(name or "dynemb_set_threshold"):
             value = _threshold_tensor(threshold)
@@ -348,8 +362,9 @@ class HostPipelineOps:
                         "set_threshold(emb_name=%r): no table of that name; create it with "
                         "create_table() first" % table)):
                     pass
-            ops = [_lib.ops.dynemb_set_access_threshold(threshold=value, table_name=t).op
-                   for t in tables]
+            ops = [_lib.ops.dynemb_set_access_threshold(
+                threshold=_weighed(value, _state.table_faae_coefficient(t)),
+                table_name=t).op for t in tables]
         return ops[0] if len(ops) == 1 else tf.group(*ops)
 
     def return_timestamp(self, tensor: Any) -> tf.Tensor:
