@@ -4,6 +4,8 @@
 #                   build/libdynemb.so.X.Y.Z) and the dynemb CLI (build/dynemb)
 #   make install    header, libraries, CLI and pkg-config file under
 #                   $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); `make uninstall`
+#   make comm       build/libdynemb_comm.so: the exchange between worker
+#                   processes (needs mpicc; Debian: openmpi-bin libopenmpi-dev)
 #   make check      the C tests: unit tests (ASan+UBSan), TSan stress, plain
 #                   tests, checkpoint fuzzing (where clang is), the exchange
 #                   between processes under mpirun (where mpicc is), the install test;
@@ -164,6 +166,13 @@ build/fuzz/fuzz_ckpt: tests/fuzz/fuzz_ckpt.c $(UNLESS_DEPS) build/fuzz/libdynemb
 # the engine itself never links MPI.
 MPICC    ?= mpicc
 MPI_SRC  := $(wildcard tests/mpi/mpi_*.c)
+# The exchange as a shared library for the Python package (dynemb/_comm.py
+# loads it under an MPI launch); libmpi comes with it, never with the engine.
+COMM_LIB := build/libdynemb_comm.so
+$(COMM_LIB): comm/exchange.c comm/dynemb_comm.h
+	@mkdir -p $(@D)
+	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm -shared $< -o $@ -pthread -Wl,--no-undefined
+comm: $(COMM_LIB)
 build/mpi/mpi_%: tests/mpi/mpi_%.c comm/exchange.c comm/dynemb_comm.h tests/c/check.h
 	@mkdir -p $(@D)
 	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(ASAN_FLAGS) -Icomm -Itests/c $< comm/exchange.c -o $@ -pthread
@@ -172,7 +181,8 @@ C_TESTS     := $(TEST_SRC:tests/c/%.c=build/asan/%)
 TSAN_TESTS  := $(TSAN_SRC:tests/c/%.c=build/tsan/%)
 PLAIN_TESTS := $(PLAIN_SRC:tests/c/%.c=build/plain/%)
 FUZZ_TESTS  := $(if $(shell command -v clang 2>/dev/null),build/fuzz/fuzz_ckpt)
-MPI_TESTS   := $(if $(shell command -v $(MPICC) 2>/dev/null),$(MPI_SRC:tests/mpi/%.c=build/mpi/%))
+HAVE_MPICC  := $(shell command -v $(MPICC) 2>/dev/null)
+MPI_TESTS   := $(if $(HAVE_MPICC),$(MPI_SRC:tests/mpi/%.c=build/mpi/%))
 
 # The program of a C test by name (test_table -> build/asan/test_table).
 test_program = $(filter %/$(1),$(C_TESTS) $(TSAN_TESTS) $(PLAIN_TESTS) $(FUZZ_TESTS) $(MPI_TESTS))
@@ -228,7 +238,7 @@ install-py: venv
 # The op library is built once, against .venv's TensorFlow 2.15.1 headers;
 # tests/run_all.sh loads that same file under both TensorFlow versions. The
 # Python tests also run the benchmark programs (tests/py/test_bench_scripts.py).
-test: all c-tests
+test: all c-tests $(if $(HAVE_MPICC),$(COMM_LIB))
 	@$(MAKE) --no-print-directory install-py
 	@$(MAKE) --no-print-directory ops $(ENGINE_LEFT_OUT_LIB) build/step_costs
 	@if [ "$(TF_COMPAT)" != 0 ]; then $(MAKE) --no-print-directory compat-venv; fi
@@ -272,7 +282,7 @@ bench-ssd: all
 clean:
 	rm -rf build
 
-.PHONY: demo-estimator all install uninstall check c-tests venv compat-venv ops install-py \
+.PHONY: comm demo-estimator all install uninstall check c-tests venv compat-venv ops install-py \
         test demo bench bench-ssd probe-limit bench-step clean FORCE
 
 # --- TensorFlow training benchmark (bench/tf_train.py) -------------------------

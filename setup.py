@@ -1,6 +1,7 @@
 """Build hook for `pip install .`: compiles the engine and the TensorFlow op
 library with make (C11, gcc) and ships build/tf/_dynemb_ops.so inside the
-`dynemb` package. Metadata lives in pyproject.toml.
+`dynemb` package, with build/libdynemb_comm.so (the exchange between worker
+processes) where Open MPI's mpicc is. Metadata lives in pyproject.toml.
 
 The op library is compiled against the TensorFlow importable by the
 interpreter running the build, so install with --no-build-isolation into an
@@ -21,12 +22,17 @@ from setuptools.dist import Distribution
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB = os.path.join("build", "tf", "_dynemb_ops.so")
+COMM_LIB = os.path.join("build", "libdynemb_comm.so")
 
 
 def build_native() -> None:
     make = os.environ.get("MAKE", "make")
     subprocess.check_call([make, "-C", ROOT, "build/libdynemb.a"])
     subprocess.check_call([make, "-C", ROOT, "-f", "tf/ops.mk", "PYTHON=" + sys.executable])
+    # The exchange between worker processes, where Open MPI's compiler is
+    # (one worker needs neither it nor MPI).
+    if shutil.which(os.environ.get("MPICC", "mpicc")):
+        subprocess.check_call([make, "-C", ROOT, COMM_LIB])
 
 
 class BuildPyWithOps(build_py):
@@ -37,6 +43,9 @@ class BuildPyWithOps(build_py):
             dest = os.path.join(self.build_lib, "dynemb")
             os.makedirs(dest, exist_ok=True)
             shutil.copy2(os.path.join(ROOT, LIB), os.path.join(dest, "_dynemb_ops.so"))
+            if os.path.isfile(os.path.join(ROOT, COMM_LIB)):
+                shutil.copy2(os.path.join(ROOT, COMM_LIB),
+                             os.path.join(dest, "libdynemb_comm.so"))
 
 
 class BinaryDistribution(Distribution):

@@ -33,21 +33,24 @@
 extern "C" {
 #endif
 
+/* What libdynemb_comm.so exports (it is built with hidden visibility). */
+#define DYNEMB_COMM_API __attribute__((visibility("default")))
+
 typedef struct dynemb_comm dynemb_comm;
 
 /* Joins the world of the MPI launch (MPI_Init_thread with
  * MPI_THREAD_MULTIPLE unless the process initialised MPI already, which then
  * must have granted that level). `timeout_s` bounds every wait (> 0). */
-int dynemb_comm_open(dynemb_comm **out, double timeout_s, char *err,
+DYNEMB_COMM_API int dynemb_comm_open(dynemb_comm **out, double timeout_s, char *err,
                      size_t err_len);
 
 /* Ends the exchange; MPI is finalised if dynemb_comm_open initialised it. */
-void dynemb_comm_close(dynemb_comm *c);
+DYNEMB_COMM_API void dynemb_comm_close(dynemb_comm *c);
 
-int dynemb_comm_rank(const dynemb_comm *c);
-int dynemb_comm_size(const dynemb_comm *c);
+DYNEMB_COMM_API int dynemb_comm_rank(const dynemb_comm *c);
+DYNEMB_COMM_API int dynemb_comm_size(const dynemb_comm *c);
 /* Processes of this job on this host. */
-int dynemb_comm_local_size(const dynemb_comm *c);
+DYNEMB_COMM_API int dynemb_comm_local_size(const dynemb_comm *c);
 
 /* All-to-all of bytes on `channel`: `send_bytes[p]` bytes from
  * `send + send_offset[p]` go to rank p (p = own rank included, copied
@@ -55,14 +58,14 @@ int dynemb_comm_local_size(const dynemb_comm *c);
  * nothing arrived) with rank p's bytes at recv_offset[p], recv_bytes[p]
  * long. The arrays have dynemb_comm_size entries. Thread-safe; two exchanges
  * on one channel at once is an error. */
-int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
+DYNEMB_COMM_API int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
                           const size_t *send_offset, const size_t *send_bytes,
                           void **recv, size_t *recv_offset, size_t *recv_bytes,
                           char *err, size_t err_len);
 
 /* Bytes this rank has sent to other ranks (payload, headers excluded), for
  * the benchmarks' per-step volumes. */
-uint64_t dynemb_comm_bytes_sent(const dynemb_comm *c);
+DYNEMB_COMM_API uint64_t dynemb_comm_bytes_sent(const dynemb_comm *c);
 
 #ifdef __cplusplus
 }

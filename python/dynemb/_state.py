@@ -17,7 +17,10 @@ mechanism just to reach a registry:
     queries are answered by dynemb.graph.modification through
     ``PIPELINE_QUERIES`` (this module sits below it).
 
-One worker per process: ``get_rank_id()`` is 0 and ``get_rank_size()`` 1.
+Ranks: a script started by an MPI launcher in several processes joins the
+launch's world (dynemb._comm) and the rank functions answer from it; a
+script started alone is rank 0 of 1 and needs no MPI. Tables are not yet
+sharded across ranks, so creating one on more than one rank is refused.
 """
 from __future__ import annotations
 
@@ -347,12 +350,7 @@ class ConfigInitializer:
             logger.warning("init(): keywords %s are not used by dynemb (accepted "
                            "for mxRec compatibility)", unknown)
         self.config.update(kwargs)
-        size = int(self.config["rank_size"] or 1)
-        if size != 1 or int(self.config["rank_id"] or 0) != 0:
-            raise ValueError(
-                "dynemb.init: rank_id=%r rank_size=%r: this version trains on one "
-                "worker per process group; use rank_id=0, rank_size=1"
-                % (self.config["rank_id"], self.config["rank_size"]))
+        _check_given_ranks(self.config["rank_id"], self.config["rank_size"])
         self.host_pipeline_ops = _HostPipelineOps()
         self.train_params_config = TrainParamsConfig(self)
         self.terminate_hooks: list[Callable[[], None]] = []
@@ -436,24 +434,24 @@ atexit.register(terminate_config_initializer)
 
 
 # Environment variables by which process launchers tell each process its
-# place: (variable, what it counts). A "size" above 1 or a "rank" above 0 means
-# the launcher started several processes of this script.
+# place: (variable, what it counts, whether the launcher is MPI's). A "size"
+# above 1 or a "rank" above 0 means the launcher started several processes.
 _LAUNCHER_VARIABLES = (
-    ("OMPI_COMM_WORLD_SIZE", "size"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "size"),
-    ("OMPI_COMM_WORLD_RANK", "rank"),                      # Open MPI mpirun
-    ("PMI_SIZE", "size"), ("PMI_RANK", "rank"),            # MPICH, Intel MPI (Hydra)
-    ("PMIX_RANK", "rank"),                                 # PMIx launchers
-    ("MV2_COMM_WORLD_SIZE", "size"), ("MV2_COMM_WORLD_RANK", "rank"),  # MVAPICH2
-    ("HOROVOD_SIZE", "size"), ("HOROVOD_RANK", "rank"),    # horovodrun (Gloo)
+    ("OMPI_COMM_WORLD_SIZE", "size", True), ("OMPI_COMM_WORLD_LOCAL_SIZE", "size", True),
+    ("OMPI_COMM_WORLD_RANK", "rank", True),                      # Open MPI mpirun
+    ("PMI_SIZE", "size", True), ("PMI_RANK", "rank", True),      # MPICH, Intel MPI (Hydra)
+    ("PMIX_RANK", "rank", True),                                 # PMIx launchers
+    ("MV2_COMM_WORLD_SIZE", "size", True), ("MV2_COMM_WORLD_RANK", "rank", True),  # MVAPICH2
+    ("HOROVOD_SIZE", "size", False), ("HOROVOD_RANK", "rank", False),  # horovodrun (Gloo)
 )
 
 
-def _refuse_multi_process_launch() -> None:
-    """Raises if a launcher started this script in several processes: dynemb
-    trains in one process, and answering "rank 0 of 1" to each of them would
-    have every process train alone on the whole data."""
+def _multi_process_launch() -> Optional[str]:
+    """The launcher variable that says several processes of this script were
+    started ("NAME=VALUE"), or None for a process started alone. A launcher
+    that is not MPI's raises: dynemb's ranks talk over MPI."""
     import os
-    for variable, counts in _LAUNCHER_VARIABLES:
+    for variable, counts, is_mpi in _LAUNCHER_VARIABLES:
         text = os.environ.get(variable)
         if text is None or not text.strip():
             continue
@@ -464,32 +462,82 @@ def _refuse_multi_process_launch() -> None:
                                "set by a process launcher (mpirun, horovodrun, ...)"
                                % (variable, text)) from None
         if value > (1 if counts == "size" else 0):
-            raise RuntimeError(
-                "dynemb: this process was started by a multi-process launcher (%s=%s); "
-                "multi-worker training is not available in this version of dynemb. Run "
-                "the script as a single process, without mpirun/horovodrun" % (variable, text))
+            if not is_mpi:
+                raise RuntimeError(
+                    "dynemb: this process was started by a launcher that is not MPI's "
+                    "(%s=%s); dynemb's workers talk over MPI: launch with "
+                    "`mpirun -np N python script.py` (Open MPI)" % (variable, text))
+            return "%s=%s" % (variable, text)
+    return None
+
+
+def _world() -> Any:
+    """The MPI world when a launcher started several processes, else None."""
+    launch = _multi_process_launch()
+    if launch is None:
+        return None
+    from dynemb import _comm
+    w = _comm.world()
+    import os
+    expected = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
+    if expected and expected.strip().isdigit() and int(expected) != w.size:
+        raise RuntimeError(
+            "dynemb: the launcher started %s processes, but the MPI world has %d: "
+            "dynemb's exchange library was built with another MPI than the launcher's; "
+            "launch with the mpirun of the MPI that `mpicc` belongs to (Open MPI)"
+            % (expected, w.size))
+    return w
+
+
+def _check_given_ranks(rank_id: Any, rank_size: Any) -> None:
+    """init()'s rank_id / rank_size, when given, must be the launch's."""
+    size = int(rank_size or 1)
+    rank = int(rank_id or 0)
+    w = _world()
+    have_rank, have_size = (w.rank, w.size) if w is not None else (0, 1)
+    if (size, rank) == (1, 0) and w is None:
+        return
+    if rank_size in (None, 1) and rank_id in (None, 0) and w is not None:
+        return  # mxRec's defaults: the launch decides
+    if (rank, size) != (have_rank, have_size):
+        how = ("this process is rank %d of %d in its MPI launch" % (have_rank, have_size)
+               if w is not None else
+               "this process was started alone; start N workers with "
+               "`mpirun -np N python script.py`")
+        raise ValueError("dynemb.init: rank_id=%r rank_size=%r, but %s; leave rank_id and "
+                         "rank_size out (the launch decides them)" % (rank_id, rank_size, how))
 
 
 def get_rank_id() -> int:
     """This process's rank among the training processes (mxRec's meaning):
-    always 0, as dynemb trains in one process; RuntimeError if a launcher
-    started several."""
-    _refuse_multi_process_launch()
-    return 0
+    its rank in the MPI launch, 0 for a process started alone."""
+    w = _world()
+    return w.rank if w is not None else 0
 
 
 def get_rank_size() -> int:
-    """The number of training processes (mxRec's meaning): always 1;
-    RuntimeError if a launcher started several."""
-    _refuse_multi_process_launch()
-    return 1
+    """The number of training processes (mxRec's meaning): the MPI launch's
+    size, 1 for a process started alone."""
+    w = _world()
+    return w.size if w is not None else 1
 
 
 def get_local_rank_size() -> int:
-    """The number of training processes on this machine (mxRec's meaning):
-    always 1; RuntimeError if a launcher started several."""
-    _refuse_multi_process_launch()
-    return 1
+    """The number of training processes on this machine (mxRec's meaning)."""
+    w = _world()
+    return w.local_size if w is not None else 1
+
+
+def refuse_several_ranks(what: str) -> None:
+    """Raises when this process is one of several ranks: `what` does not
+    yet work across ranks, and each rank doing it alone would train each on
+    its own slice, silently."""
+    size = get_rank_size()
+    if size > 1:
+        raise RuntimeError(
+            "dynemb: %s on %d ranks is not available yet: tables are not sharded across "
+            "worker processes in this version (docs/distributed.md says what exists). "
+            "Run the script as one process, without mpirun" % (what, size))
 
 
 def get_use_dynamic_expansion() -> bool:

@@ -25,6 +25,7 @@ PACKAGE_DIR = Path(dynemb.__file__).resolve().parent
 LAYERS = {
     # 0. The binding of the op library and the engine, and what needs no dynemb.
     "dynemb._lib": 0,
+    "dynemb._comm": 0,
     "dynemb.util.log": 0,
     "dynemb.constants": 0,
     # 1. Process state: table registry, per-graph records, init() settings.

@@ -1,8 +1,10 @@
 """mxRec's module paths answer with mxRec's meaning: the rank queries and the
 all-reduce of ``util.communication.hccl_ops`` / ``util.tf_version_adapter``,
-the constants, ``version()``. dynemb runs one process, so the ranks are 0 of 1
-and an all-reduce is the identity; a multi-process launch is refused by name
-(docs/mxrec-compatibility.md)."""
+the constants, ``version()``. A process started alone is rank 0 of 1 and an
+all-reduce is the identity; under an MPI launch the ranks come from the
+launch's world (here a stand-in for it; tests/py/test_mpi_launch.py runs the
+real one under mpirun), and what does not work across ranks yet is refused
+by name (docs/mxrec-compatibility.md)."""
 import importlib
 
 import numpy as np
@@ -12,7 +14,7 @@ import tensorflow as tf
 import dynemb
 from dynemb import _state
 
-LAUNCHER_VARIABLES = [v for v, _ in _state._LAUNCHER_VARIABLES]
+LAUNCHER_VARIABLES = [v for v, _, _ in _state._LAUNCHER_VARIABLES]
 
 
 @pytest.fixture
@@ -44,30 +46,70 @@ def test_both_paths_are_one_function():
     assert dynemb.get_rank_size is _state.get_rank_size
 
 
-@pytest.mark.parametrize("variable,value", [
-    ("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_RANK", "2"),
-    ("OMPI_COMM_WORLD_LOCAL_SIZE", "8"), ("PMI_SIZE", "2"), ("PMI_RANK", "1"),
-    ("PMIX_RANK", "3"), ("MV2_COMM_WORLD_SIZE", "2"), ("HOROVOD_SIZE", "8"),
-    ("HOROVOD_RANK", "5"),
-])
+class _StandInWorld:
+    def __init__(self, rank, size, local_size):
+        self.rank, self.size, self.local_size = rank, size, local_size
+
+
+@pytest.fixture
+def launched(single_process):
+    """An MPI launch of 4 processes, this one rank 2: the launcher's variable
+    and a stand-in for the world that dynemb._comm would join."""
+    from dynemb import _comm
+    single_process.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    single_process.setenv("OMPI_COMM_WORLD_RANK", "2")
+    single_process.setattr(_comm, "world", lambda: _StandInWorld(2, 4, 4))
+    return single_process
+
+
+@pytest.mark.parametrize("variable,value", [("HOROVOD_SIZE", "8"), ("HOROVOD_RANK", "5")])
 @pytest.mark.parametrize("function", RANK_FUNCTIONS)
-def test_multi_process_launch_is_refused_naming_the_variable(single_process, variable, value,
-                                                             function):
+def test_a_launcher_that_is_not_mpi_is_refused_naming_the_variable(single_process, variable,
+                                                                   value, function):
     from dynemb.util.communication import hccl_ops
     single_process.setenv(variable, value)
     with pytest.raises(RuntimeError) as e:
         getattr(hccl_ops, function)()
-    message = str(e.value)
-    assert "%s=%s" % (variable, value) in message
-    assert "multi-worker training is not available" in message
+    assert "%s=%s" % (variable, value) in str(e.value)
+    assert "mpirun" in str(e.value)
 
 
-def test_initialize_path_refuses_too(single_process):
-    from dynemb.util.initialize import get_rank_id
+def test_under_an_mpi_launch_the_ranks_come_from_the_world(launched):
+    from dynemb.util import initialize
+    from dynemb.util.communication import hccl_ops
+    assert (hccl_ops.get_rank_id(), hccl_ops.get_rank_size(),
+            hccl_ops.get_local_rank_size()) == (2, 4, 4)
+    assert (initialize.get_rank_id(), initialize.get_rank_size()) == (2, 4)
+
+
+def test_under_an_mpi_launch_tables_and_allreduce_are_refused(launched):
+    from dynemb.util.communication import hccl_ops
+    with pytest.raises(RuntimeError, match="on 4 ranks is not available yet"):
+        dynemb.create_table(tf.int64, 2, "ranked", tf.compat.v1.zeros_initializer())
+    with pytest.raises(RuntimeError, match="allreduce on 4 ranks is not available yet"):
+        hccl_ops.allreduce(tf.ones([2]), "sum")
+
+
+def test_init_ranks_must_be_the_launch(single_process):
+    with pytest.raises(ValueError, match="started alone"):
+        dynemb.init(rank_id=0, rank_size=2)
+
+
+def test_init_ranks_under_a_launch(launched):
+    dynemb.init(rank_id=2, rank_size=4)          # the launch's: accepted
+    dynemb.terminate_config_initializer()
+    with pytest.raises(ValueError, match="rank 2 of 4"):
+        dynemb.init(rank_id=1, rank_size=4)
+
+
+def test_a_world_of_another_size_than_the_launcher_says(single_process):
+    """An exchange library of another MPI than the launcher's starts each
+    process alone: that must not pass as N independent single workers."""
+    from dynemb import _comm
     single_process.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    single_process.setenv("OMPI_COMM_WORLD_RANK", "1")
-    with pytest.raises(RuntimeError, match="OMPI_COMM_WORLD_SIZE=2"):
-        get_rank_id()
+    single_process.setattr(_comm, "world", lambda: _StandInWorld(0, 1, 1))
+    with pytest.raises(RuntimeError, match="started 2 processes, but the MPI world has 1"):
+        _state.get_rank_size()
 
 
 def test_a_launch_of_one_process_is_rank_0_of_1(single_process):
@@ -135,9 +177,6 @@ def test_allreduce_errors(single_process):
         hccl_ops.allreduce(x, "sum", fusion_id="a")
     with pytest.raises(ValueError, match=r"group='my_group'.*hccl_world_group"):
         hccl_ops.allreduce(x, "sum", group="my_group")
-    single_process.setenv("OMPI_COMM_WORLD_SIZE", "8")
-    with pytest.raises(RuntimeError, match=r"OMPI_COMM_WORLD_SIZE=8"):
-        hccl_ops.allreduce(x, "sum")
 
 
 # --- constants ---------------------------------------------------------------

@@ -256,6 +256,7 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     """
     del all2all_gradients_op, shard_num, fusion_optimizer_var, hashtable_threshold, mode
     del enable_merge, padding_keys_len
+    _state.refuse_several_ranks("create_table('%s')" % name)
     pads = _padding_keys(name, padding_keys, padding_keys_mask)
     cfg_init = _state.require_init("create_table('%s')" % name)
     require_graph_mode("create_table('%s')" % name)

@@ -1,14 +1,13 @@
-"""Ranks and the all-reduce of mxRec's collective layer, for one process.
+"""Ranks and the all-reduce of mxRec's collective layer.
 
 mxRec's path for the rank queries is ``mx_rec.util.communication.hccl_ops``;
 its ``mx_rec.util.tf_version_adapter.hccl_ops`` (the HCCL op module, whose
 ``allreduce`` scripts call on dense gradients) is this same module here.
 
-dynemb trains in one process: the ranks are 0 of 1 and an all-reduce over one
-rank returns its input. The rank functions (dynemb._state, shared with
-``dynemb.util.initialize``) raise when a multi-process launcher started the
-script, and so does ``allreduce``: answering "rank 0 of 1" to each of several
-processes would let each train alone, silently.
+The rank functions (dynemb._state, shared with ``dynemb.util.initialize``)
+answer from the MPI launch's world, or 0 of 1 for a process started alone.
+An all-reduce over one rank returns its input; over several it is not built
+yet and raises (each rank reducing alone would train apart, silently).
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from dynemb._state import get_local_rank_size, get_rank_id, get_rank_size
+from dynemb._state import get_local_rank_size, get_rank_id, get_rank_size, refuse_several_ranks
 
 # HCCL's reductions, and the mean that scripts use for averaged gradients.
 # Over one rank each of them is the identity.
@@ -38,7 +37,7 @@ def allreduce(tensor: Any, reduction: str = "sum", fusion: int = 1, fusion_id: i
     must be the world group: dynemb creates no other.
 
     Raises ValueError for an unknown reduction, fusion or group, RuntimeError
-    when several processes were launched.
+    on more than one rank (not built yet).
     """
     if reduction not in REDUCTIONS:
         raise ValueError("allreduce(reduction=%r): unknown reduction; use one of %s"
@@ -51,7 +50,7 @@ def allreduce(tensor: Any, reduction: str = "sum", fusion: int = 1, fusion_id: i
     if group != WORLD_GROUP:
         raise ValueError("allreduce(group=%r): no such group; dynemb runs one process, "
                          "whose only group is %r" % (group, WORLD_GROUP))
-    get_rank_size()  # raises under a multi-process launcher
+    refuse_several_ranks("allreduce")
     if isinstance(tensor, tf.IndexedSlices):
         return tensor
     return tf.identity(tensor)

@@ -1,0 +1,102 @@
+"""The world of an MPI launch: libdynemb_comm.so (comm/, the exchange between
+worker processes) through ctypes.
+
+Loaded only when a script runs under an MPI launcher or asks for MPI
+(``init(use_mpi=True)``): one worker needs neither MPI nor this library. The
+world is joined once per process and left at exit (MPI_Finalize).
+
+libmpi is loaded with RTLD_GLOBAL first: Open MPI loads its transports as
+plugins that look up libmpi's symbols in the global namespace, so a libmpi
+reached only through a ctypes library loaded locally would fail to start.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+from typing import Optional
+
+_LIB_FILE = "libdynemb_comm.so"
+# Bound on every wait of an exchange (dynemb_comm_open's timeout_s): a rank
+# that died or hangs becomes an error naming it on the others.
+TIMEOUT_VARIABLE = "DYNEMB_EXCHANGE_TIMEOUT"
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def _find_library() -> str:
+    env = os.environ.get("DYNEMB_COMM_LIB")
+    here = Path(__file__).resolve().parent
+    candidates = [Path(env)] if env else []
+    candidates += [here / _LIB_FILE, here.parent.parent / "build" / _LIB_FILE]
+    for c in candidates:
+        if c.is_file():
+            return str(c)
+    raise RuntimeError(
+        "dynemb: this process runs under an MPI launch, but the exchange library %s was "
+        "not found (looked in: %s). Build it with `make comm` in the source tree (it "
+        "needs Open MPI: apt-get install openmpi-bin libopenmpi-dev)"
+        % (_LIB_FILE, ", ".join(str(c) for c in candidates)))
+
+
+class World:
+    """This process's place in the launch: rank, size, ranks on this host."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p):
+        self._lib = lib
+        self._handle = handle
+        self.rank = int(lib.dynemb_comm_rank(handle))
+        self.size = int(lib.dynemb_comm_size(handle))
+        self.local_size = int(lib.dynemb_comm_local_size(handle))
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.dynemb_comm_close(self._handle)
+            self._handle = None
+
+
+_WORLD: Optional[World] = None
+
+
+def _timeout() -> float:
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError("dynemb: %s=%r must be a number of seconds > 0 (the bound on a "
+                         "wait for another rank)" % (TIMEOUT_VARIABLE, text))
+    return value
+
+
+def world() -> World:
+    """Joins the launch's world (once per process) and returns it."""
+    global _WORLD
+    if _WORLD is not None:
+        return _WORLD
+    timeout = _timeout()
+    path = _find_library()
+    mpi = ctypes.util.find_library("mpi")
+    if mpi:
+        ctypes.CDLL(mpi, mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    lib.dynemb_comm_open.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_double,
+                                     ctypes.c_char_p, ctypes.c_size_t]
+    lib.dynemb_comm_open.restype = ctypes.c_int
+    for fn in ("dynemb_comm_rank", "dynemb_comm_size", "dynemb_comm_local_size"):
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+        getattr(lib, fn).restype = ctypes.c_int
+    lib.dynemb_comm_close.argtypes = [ctypes.c_void_p]
+    lib.dynemb_comm_close.restype = None
+    handle = ctypes.c_void_p()
+    err = ctypes.create_string_buffer(1024)
+    if lib.dynemb_comm_open(ctypes.byref(handle), timeout, err, len(err)) != 0:
+        raise RuntimeError("dynemb: joining the MPI launch failed: %s"
+                           % err.value.decode(errors="replace"))
+    _WORLD = World(lib, handle)
+    atexit.register(_WORLD.close)
+    return _WORLD
