@@ -63,6 +63,28 @@ DYNEMB_COMM_API int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, cons
                           void **recv, size_t *recv_offset, size_t *recv_bytes,
                           char *err, size_t err_len);
 
+/* What an asynchronous exchange calls when it has finished (on the
+ * exchange's own thread): rc 0 with the parts as dynemb_comm_alltoallv
+ * gives them (`recv` is the callee's to free()), or -1 with the sentence
+ * in `err` (recv NULL). The arrays live only during the call. */
+typedef void (*dynemb_comm_done)(void *arg, int rc, void *recv,
+                                 const size_t *recv_offset,
+                                 const size_t *recv_bytes, const char *err);
+
+/* dynemb_comm_alltoallv without waiting: the parts are copied and sent
+ * now, and `done` runs once every rank's part has arrived (or the
+ * deadline passed). A thread that begins exchanges this way never waits
+ * in one, so it can begin all of a step's exchanges in any order, and no
+ * rank waits for an exchange that another rank cannot begin. (TensorFlow's
+ * C API cannot host this in a kernel: the done callback that
+ * TF_NewAsyncKernelBuilder's kernels receive is valid only until the kernel
+ * function returns -- docs/distributed.md.) -1 (nothing sent, done never
+ * runs) only when the exchange could not begin. */
+DYNEMB_COMM_API int dynemb_comm_alltoallv_async(
+    dynemb_comm *c, uint32_t channel, const void *send,
+    const size_t *send_offset, const size_t *send_bytes,
+    dynemb_comm_done done, void *arg, char *err, size_t err_len);
+
 /* Bytes this rank has sent to other ranks (payload, headers excluded), for
  * the benchmarks' per-step volumes. */
 DYNEMB_COMM_API uint64_t dynemb_comm_bytes_sent(const dynemb_comm *c);

@@ -7,7 +7,9 @@
  * (MPI_Improbe/MPI_Mrecv), the thread-safe way to receive a message whose
  * size is not known in advance, so no size round trip precedes the data.
  * Waits poll with a deadline instead of blocking in MPI, which is what
- * turns a dead or stuck rank into an error naming it.
+ * turns a dead or stuck rank into an error naming it. Asynchronous
+ * exchanges are finished by one progress thread per comm, which polls
+ * every pending exchange in turn, so none waits for another.
  */
 #include <mpi.h>
 #include <pthread.h>
@@ -43,6 +45,12 @@ struct dynemb_comm {
   channel_state *ch;
   size_t n_ch, cap_ch;
   _Atomic uint64_t bytes_sent;
+  /* The progress thread of asynchronous exchanges (started by the first). */
+  pthread_mutex_t pending_mu;
+  pthread_cond_t pending_cv;
+  struct exchange *pending; /* a list; the thread owns the entries */
+  pthread_t progress;
+  int progress_started, stopping;
 };
 
 static int fail(char *err, size_t err_len, const char *fmt, ...)
@@ -101,14 +109,25 @@ int dynemb_comm_open(dynemb_comm **out, double timeout_s, char *err,
   MPI_Comm_get_attr(c->world, MPI_TAG_UB, &ub, &flag);
   c->tag_ub = flag && ub ? *ub : 32767; /* the standard's minimum */
   pthread_mutex_init(&c->mu, NULL);
+  pthread_mutex_init(&c->pending_mu, NULL);
+  pthread_cond_init(&c->pending_cv, NULL);
   *out = c;
   return 0;
 }
 
 void dynemb_comm_close(dynemb_comm *c) {
   if (!c) return;
+  if (c->progress_started) {
+    pthread_mutex_lock(&c->pending_mu);
+    c->stopping = 1;
+    pthread_cond_signal(&c->pending_cv);
+    pthread_mutex_unlock(&c->pending_mu);
+    pthread_join(c->progress, NULL);
+  }
   MPI_Comm_free(&c->world);
   pthread_mutex_destroy(&c->mu);
+  pthread_mutex_destroy(&c->pending_mu);
+  pthread_cond_destroy(&c->pending_cv);
   int owns = c->owns_mpi;
   free(c->ch);
   free(c);
@@ -180,36 +199,95 @@ static void list_ranks(const unsigned char *flags, int n, char *buf,
                                used ? ", " : "", p);
 }
 
-int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
-                          const size_t *send_offset, const size_t *send_bytes,
-                          void **recv, size_t *recv_offset, size_t *recv_bytes,
-                          char *err, size_t err_len) {
-  *recv = NULL;
+/* One exchange in flight: posted by the caller's thread, completed by
+ * whichever thread progresses it (the caller's own in the blocking call,
+ * the progress thread for asynchronous ones). */
+typedef struct exchange {
+  struct exchange *next;
+  uint32_t channel;
+  uint64_t seq;
+  int tag, n, me;
+  MPI_Request *sreq;
+  char **sbuf, **rbuf;
+  size_t *rlen;
+  unsigned char *waiting, *sending;
+  int left, sends_left;
+  double deadline;
+  char *own; /* this rank's part for itself, copied */
+  size_t own_len;
+  unsigned idle;
+  dynemb_comm_done done;
+  void *arg;
+  char err[512];
+} exchange;
+
+static void exchange_free(exchange *x) {
+  if (!x) return;
+  /* A send a peer never took (the error paths) may still be read by MPI:
+   * its request is let go and its buffer kept (a deliberate leak on a
+   * failing run; cancelling sends is not reliable across MPI libraries).
+   * A late message that does arrive fails the peer's sequence check. */
+  if (x->sreq && x->sbuf)
+    for (int p = 0; p < x->n; p++) {
+      if (x->sending && x->sending[p]) {
+        MPI_Request_free(&x->sreq[p]);
+        continue;
+      }
+      free(x->sbuf[p]);
+    }
+  if (x->rbuf)
+    for (int p = 0; p < x->n; p++) free(x->rbuf[p]);
+  free(x->sreq);
+  free(x->sbuf);
+  free(x->rbuf);
+  free(x->rlen);
+  free(x->waiting);
+  free(x->sending);
+  free(x->own);
+  free(x);
+}
+
+/* Begins an exchange: claims the channel, sends every peer its part. */
+static exchange *exchange_post(dynemb_comm *c, uint32_t channel,
+                               const void *send, const size_t *send_offset,
+                               const size_t *send_bytes, char *err,
+                               size_t err_len) {
   uint64_t seq = 0;
   int begun = channel_begin(c, channel, &seq);
-  if (begun == -1)
-    return fail(err, err_len,
-                "exchange channel %u is already in use by another thread: "
-                "each exchange point must run one exchange at a time",
-                channel);
-  if (begun < 0) return fail(err, err_len, "out of memory");
-
-  const int n = c->size, me = c->rank;
-  const int tag = (int)(channel % ((uint32_t)c->tag_ub + 1u));
-  const char *src = send;
-  int rc = -1;
-  MPI_Request *sreq = calloc((size_t)n, sizeof *sreq);
-  char **sbuf = calloc((size_t)n, sizeof *sbuf);
-  char **rbuf = calloc((size_t)n, sizeof *rbuf);
-  size_t *rlen = calloc((size_t)n, sizeof *rlen);
-  unsigned char *waiting = calloc((size_t)n, 1);
-  unsigned char *sending = calloc((size_t)n, 1);
-  if (!sreq || !sbuf || !rbuf || !rlen || !waiting || !sending) {
-    fail(err, err_len, "out of memory");
-    goto out;
+  if (begun == -1) {
+    fail(err, err_len,
+         "exchange channel %u is already in use by another thread: each "
+         "exchange point must run one exchange at a time",
+         channel);
+    return NULL;
   }
-  for (int p = 0; p < n; p++) sreq[p] = MPI_REQUEST_NULL;
-
+  const int n = c->size, me = c->rank;
+  exchange *x = begun < 0 ? NULL : calloc(1, sizeof *x);
+  if (x) {
+    x->channel = channel;
+    x->seq = seq;
+    x->tag = (int)(channel % ((uint32_t)c->tag_ub + 1u));
+    x->n = n;
+    x->me = me;
+    x->sreq = calloc((size_t)n, sizeof *x->sreq);
+    x->sbuf = calloc((size_t)n, sizeof *x->sbuf);
+    x->rbuf = calloc((size_t)n, sizeof *x->rbuf);
+    x->rlen = calloc((size_t)n, sizeof *x->rlen);
+    x->waiting = calloc((size_t)n, 1);
+    x->sending = calloc((size_t)n, 1);
+    x->own_len = send_bytes[me];
+    x->own = malloc(x->own_len ? x->own_len : 1);
+  }
+  if (!x || !x->sreq || !x->sbuf || !x->rbuf || !x->rlen || !x->waiting ||
+      !x->sending || !x->own) {
+    fail(err, err_len, "out of memory");
+    exchange_free(x);
+    if (begun == 0) channel_end(c, channel);
+    return NULL;
+  }
+  const char *src = send;
+  if (x->own_len) memcpy(x->own, src + send_offset[me], x->own_len);
+  for (int p = 0; p < n; p++) x->sreq[p] = MPI_REQUEST_NULL;
   const header h = {.channel = channel, .seq = seq};
   for (int p = 0; p < n; p++) {
     if (p == me) continue;
@@ -219,134 +297,220 @@ int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
            "exchange channel %u: %zu bytes for rank %d exceed one MPI "
            "message (2 GiB); use smaller batches",
            channel, send_bytes[p], p);
-      goto out;
+      exchange_free(x);
+      channel_end(c, channel);
+      return NULL;
     }
-    sbuf[p] = malloc(len);
-    if (!sbuf[p]) {
+    x->sbuf[p] = malloc(len);
+    if (!x->sbuf[p]) {
       fail(err, err_len, "out of memory");
-      goto out;
+      exchange_free(x);
+      channel_end(c, channel);
+      return NULL;
     }
-    memcpy(sbuf[p], &h, sizeof h);
-    if (send_bytes[p]) memcpy(sbuf[p] + sizeof h, src + send_offset[p], send_bytes[p]);
-    MPI_Isend(sbuf[p], (int)len, MPI_BYTE, p, tag, c->world, &sreq[p]);
-    sending[p] = waiting[p] = 1;
+    memcpy(x->sbuf[p], &h, sizeof h);
+    if (send_bytes[p])
+      memcpy(x->sbuf[p] + sizeof h, src + send_offset[p], send_bytes[p]);
+    MPI_Isend(x->sbuf[p], (int)len, MPI_BYTE, p, x->tag, c->world, &x->sreq[p]);
+    x->sending[p] = x->waiting[p] = 1;
     atomic_fetch_add(&c->bytes_sent, send_bytes[p]);
   }
+  x->left = x->sends_left = n - 1;
+  x->deadline = MPI_Wtime() + c->timeout_s;
+  return x;
+}
 
-  const double deadline = MPI_Wtime() + c->timeout_s;
-  int left = n - 1;
-  int sends_left = n - 1;
-  unsigned idle = 0;
-  while (left > 0 || sends_left > 0) {
-    int progressed = 0;
-    for (int p = 0; p < n; p++) {
-      if (sending[p]) {
-        int done = 0;
-        MPI_Test(&sreq[p], &done, MPI_STATUS_IGNORE);
-        if (done) {
-          sending[p] = 0;
-          sends_left--;
-          progressed = 1;
-        }
+/* Takes what has arrived. 0: not finished; 1: finished; -1: failed (the
+ * sentence in x->err). */
+static int exchange_progress(dynemb_comm *c, exchange *x, int *progressed) {
+  for (int p = 0; p < x->n; p++) {
+    if (x->sending[p]) {
+      int done = 0;
+      MPI_Test(&x->sreq[p], &done, MPI_STATUS_IGNORE);
+      if (done) {
+        x->sending[p] = 0;
+        x->sends_left--;
+        *progressed = 1;
       }
-      if (!waiting[p]) continue;
-      int flag = 0;
-      MPI_Message msg;
-      MPI_Status st;
-      MPI_Improbe(p, tag, c->world, &flag, &msg, &st);
-      if (!flag) continue;
-      int count = 0;
-      MPI_Get_count(&st, MPI_BYTE, &count);
-      char *buf = malloc(count ? (size_t)count : 1);
-      if (!buf) {
-        fail(err, err_len, "out of memory");
-        goto out;
-      }
-      MPI_Mrecv(buf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
-      waiting[p] = 0;
-      left--;
-      progressed = 1;
-      header got;
-      if ((size_t)count < sizeof got) {
-        free(buf);
-        fail(err, err_len,
-             "exchange channel %u: rank %d sent %d bytes, not a dynemb "
-             "exchange message (another library uses the tag?)",
-             channel, p, count);
-        goto out;
-      }
-      memcpy(&got, buf, sizeof got);
-      if (got.channel != channel || got.seq != seq) {
-        free(buf);
-        fail(err, err_len,
-             "exchange channel %u: rank %d sent exchange %llu of channel %u "
-             "where this rank (%d) is at exchange %llu; the ranks run "
-             "different graphs, or one skipped an exchange after an error",
-             channel, p, (unsigned long long)got.seq, got.channel, me,
-             (unsigned long long)seq);
-        goto out;
-      }
-      rbuf[p] = buf;
-      rlen[p] = (size_t)count - sizeof got;
     }
-    if (progressed) {
-      idle = 0;
-    } else if (MPI_Wtime() > deadline) {
-      char who[256];
-      list_ranks(left ? waiting : sending, n, who, sizeof who);
-      fail(err, err_len,
-           "exchange channel %u (exchange %llu): rank(s) %s did not %s "
-           "within %.0f s; that rank stopped, hangs, or runs another "
-           "graph (its own error says which)",
-           channel, (unsigned long long)seq, who,
-           left ? "send their part" : "take this rank's part", c->timeout_s);
-      goto out;
-    } else {
-      backoff(&idle);
+    if (!x->waiting[p]) continue;
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    MPI_Improbe(p, x->tag, c->world, &flag, &msg, &st);
+    if (!flag) continue;
+    int count = 0;
+    MPI_Get_count(&st, MPI_BYTE, &count);
+    char *buf = malloc(count ? (size_t)count : 1);
+    if (!buf) return fail(x->err, sizeof x->err, "out of memory");
+    MPI_Mrecv(buf, count, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+    x->waiting[p] = 0;
+    x->left--;
+    *progressed = 1;
+    header got;
+    if ((size_t)count < sizeof got) {
+      free(buf);
+      return fail(x->err, sizeof x->err,
+                  "exchange channel %u: rank %d sent %d bytes, not a dynemb "
+                  "exchange message (another library uses the tag?)",
+                  x->channel, p, count);
     }
+    memcpy(&got, buf, sizeof got);
+    if (got.channel != x->channel || got.seq != x->seq) {
+      free(buf);
+      return fail(x->err, sizeof x->err,
+                  "exchange channel %u: rank %d sent exchange %llu of channel "
+                  "%u where this rank (%d) is at exchange %llu; the ranks run "
+                  "different graphs, or one skipped an exchange after an error",
+                  x->channel, p, (unsigned long long)got.seq, got.channel,
+                  x->me, (unsigned long long)x->seq);
+    }
+    x->rbuf[p] = buf;
+    x->rlen[p] = (size_t)count - sizeof got;
   }
+  if (!x->left && !x->sends_left) return 1;
+  if (!*progressed && MPI_Wtime() > x->deadline) {
+    char who[256];
+    list_ranks(x->left ? x->waiting : x->sending, x->n, who, sizeof who);
+    return fail(x->err, sizeof x->err,
+                "exchange channel %u (exchange %llu): rank(s) %s did not %s "
+                "within %.0f s; that rank stopped, hangs, or runs another "
+                "graph (its own error says which)",
+                x->channel, (unsigned long long)x->seq, who,
+                x->left ? "send their part" : "take this rank's part",
+                c->timeout_s);
+  }
+  return 0;
+}
 
-  /* Assemble: rank order, own part copied. */
+/* The received parts in rank order, in one malloc'd buffer. */
+static int exchange_assemble(exchange *x, void **recv, size_t *recv_offset,
+                             size_t *recv_bytes) {
   size_t total = 0;
-  for (int p = 0; p < n; p++) total += p == me ? send_bytes[me] : rlen[p];
+  for (int p = 0; p < x->n; p++) total += p == x->me ? x->own_len : x->rlen[p];
   char *all = total ? malloc(total) : NULL;
-  if (total && !all) {
-    fail(err, err_len, "out of memory");
-    goto out;
-  }
+  if (total && !all) return fail(x->err, sizeof x->err, "out of memory");
   size_t at = 0;
-  for (int p = 0; p < n; p++) {
-    size_t len = p == me ? send_bytes[me] : rlen[p];
-    const char *from = p == me ? src + send_offset[me] : rbuf[p] + sizeof(header);
+  for (int p = 0; p < x->n; p++) {
+    size_t len = p == x->me ? x->own_len : x->rlen[p];
+    const char *from = p == x->me ? x->own : x->rbuf[p] + sizeof(header);
     if (len) memcpy(all + at, from, len);
     recv_offset[p] = at;
     recv_bytes[p] = len;
     at += len;
   }
   *recv = all;
-  rc = 0;
+  return 0;
+}
 
-out:
-  /* A send a peer never took (the error paths) may still be read by MPI:
-   * its request is let go and its buffer kept (a deliberate leak on a
-   * failing run; cancelling sends is not reliable across MPI libraries).
-   * A late message that does arrive fails the peer's sequence check. */
-  if (sreq && sbuf)
-    for (int p = 0; p < n; p++) {
-      if (sending && sending[p]) {
-        MPI_Request_free(&sreq[p]);
+int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
+                          const size_t *send_offset, const size_t *send_bytes,
+                          void **recv, size_t *recv_offset, size_t *recv_bytes,
+                          char *err, size_t err_len) {
+  *recv = NULL;
+  exchange *x = exchange_post(c, channel, send, send_offset, send_bytes, err,
+                              err_len);
+  if (!x) return -1;
+  int rc;
+  for (;;) {
+    int progressed = 0;
+    rc = exchange_progress(c, x, &progressed);
+    if (rc) break;
+    if (progressed) x->idle = 0;
+    else backoff(&x->idle);
+  }
+  if (rc == 1) rc = exchange_assemble(x, recv, recv_offset, recv_bytes);
+  else rc = -1;
+  if (rc) fail(err, err_len, "%s", x->err);
+  channel_end(c, channel);
+  exchange_free(x);
+  return rc;
+}
+
+/* The progress thread: completes every pending asynchronous exchange and
+ * calls its done function (from this thread). Exchanges finish in any
+ * order; none waits for another. */
+static void *progress_main(void *arg) {
+  dynemb_comm *c = arg;
+  unsigned idle = 0;
+  for (;;) {
+    pthread_mutex_lock(&c->pending_mu);
+    while (!c->pending && !c->stopping)
+      pthread_cond_wait(&c->pending_cv, &c->pending_mu);
+    if (!c->pending && c->stopping) {
+      pthread_mutex_unlock(&c->pending_mu);
+      return NULL;
+    }
+    exchange *list = c->pending;
+    c->pending = NULL;
+    pthread_mutex_unlock(&c->pending_mu);
+
+    int any = 0;
+    exchange *keep = NULL;
+    while (list) {
+      exchange *x = list;
+      list = x->next;
+      int progressed = 0;
+      int rc = exchange_progress(c, x, &progressed);
+      any |= progressed;
+      if (!rc) {
+        x->next = keep;
+        keep = x;
         continue;
       }
-      free(sbuf[p]);
+      void *recv = NULL;
+      size_t *roff = calloc((size_t)x->n, sizeof *roff);
+      size_t *rlen = calloc((size_t)x->n, sizeof *rlen);
+      if (rc == 1 && (!roff || !rlen)) {
+        fail(x->err, sizeof x->err, "out of memory");
+        rc = -1;
+      }
+      if (rc == 1 && exchange_assemble(x, &recv, roff, rlen)) rc = -1;
+      /* The channel is free before done runs: done may begin the channel's
+       * next exchange. */
+      channel_end(c, x->channel);
+      x->done(x->arg, rc == 1 ? 0 : -1, recv, roff, rlen,
+              rc == 1 ? NULL : x->err);
+      free(roff);
+      free(rlen);
+      exchange_free(x);
     }
-  if (rbuf)
-    for (int p = 0; p < n; p++) free(rbuf[p]);
-  free(sreq);
-  free(sbuf);
-  free(rbuf);
-  free(rlen);
-  free(waiting);
-  free(sending);
-  channel_end(c, channel);
-  return rc;
+    pthread_mutex_lock(&c->pending_mu);
+    while (keep) { /* back in front of what arrived meanwhile */
+      exchange *x = keep;
+      keep = x->next;
+      x->next = c->pending;
+      c->pending = x;
+    }
+    int more = c->pending != NULL;
+    pthread_mutex_unlock(&c->pending_mu);
+    if (any) idle = 0;
+    else if (more) backoff(&idle);
+  }
+}
+
+int dynemb_comm_alltoallv_async(dynemb_comm *c, uint32_t channel,
+                                const void *send, const size_t *send_offset,
+                                const size_t *send_bytes, dynemb_comm_done done,
+                                void *arg, char *err, size_t err_len) {
+  pthread_mutex_lock(&c->pending_mu);
+  if (!c->progress_started) {
+    if (pthread_create(&c->progress, NULL, progress_main, c)) {
+      pthread_mutex_unlock(&c->pending_mu);
+      return fail(err, err_len, "could not start the exchange thread");
+    }
+    c->progress_started = 1;
+  }
+  pthread_mutex_unlock(&c->pending_mu);
+  exchange *x = exchange_post(c, channel, send, send_offset, send_bytes, err,
+                              err_len);
+  if (!x) return -1;
+  x->done = done;
+  x->arg = arg;
+  pthread_mutex_lock(&c->pending_mu);
+  x->next = c->pending;
+  c->pending = x;
+  pthread_cond_signal(&c->pending_cv);
+  pthread_mutex_unlock(&c->pending_mu);
+  return 0;
 }

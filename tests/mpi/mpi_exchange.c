@@ -8,7 +8,9 @@
  * The stress test is the design's proof: each rank runs many channels at
  * once, each on a thread of its own and begun in an order of the rank's
  * own (the thread differs by rank, the order by rank and by round), as
- * TensorFlow's scheduler may; it must finish with every byte right. The fault test has
+ * TensorFlow's scheduler may; it must finish with every byte right. The
+ * asynchronous form gets the schedule that deadlocks the blocking one (one
+ * thread per rank, all channels begun in the rank's own order). The fault test has
  * ranks wait on channels nobody else uses and expects a bounded error that
  * names the ranks that did not answer. Each rank's failures are summed to
  * rank 0, which alone prints the PASS/FAIL lines.
@@ -145,6 +147,107 @@ static void test_any_order_on_any_thread(void) {
   for (int t = 0; t < CHANNELS; t++) CHECK(stress_bad[t] == 0);
 }
 
+/* The asynchronous form: one thread per rank begins all channels of a round
+ * in an order of the rank's own, without waiting for any, then waits for
+ * their done calls. This is the schedule that deadlocks the blocking call
+ * (a rank's only thread waiting in a channel the other rank begins later)
+ * and the one TensorFlow's asynchronous kernels produce. */
+typedef struct async_round {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int outstanding, bad;
+} async_round;
+
+typedef struct async_call {
+  async_round *round;
+  uint32_t ch;
+  uint64_t seq;
+} async_call;
+
+static void async_done(void *arg, int rc, void *recv, const size_t *roff,
+                       const size_t *rlen, const char *err) {
+  async_call *a = arg;
+  int bad = 0;
+  if (rc) {
+    fprintf(stderr, "rank %d: %s\n", RANK, err);
+    bad = 1;
+  } else {
+    const unsigned char *r = recv;
+    size_t at = 0;
+    for (int p = 0; p < SIZE; p++) {
+      if (rlen[p] != part_len(p, RANK, a->ch, a->seq) || roff[p] != at) {
+        bad++;
+        continue;
+      }
+      for (size_t i = 0; i < rlen[p]; i++)
+        if (r[roff[p] + i] != pattern(p, RANK, a->ch, a->seq, i)) {
+          bad++;
+          break;
+        }
+      at += rlen[p];
+    }
+  }
+  free(recv);
+  pthread_mutex_lock(&a->round->mu);
+  a->round->bad += bad;
+  a->round->outstanding--;
+  pthread_cond_signal(&a->round->cv);
+  pthread_mutex_unlock(&a->round->mu);
+}
+
+static void test_async_any_order_on_one_thread(void) {
+  uint64_t rng = 0x51ed270b27e4f1b5u ^ (uint64_t)(RANK + 1) * 7777;
+  uint32_t order[CHANNELS];
+  for (int k = 0; k < CHANNELS; k++) order[k] = 2000u + (uint32_t)k;
+  async_call calls[CHANNELS];
+  int bad = 0;
+  if (SIZE > 8) { /* the parts' arrays below */
+    CHECK(SIZE <= 8);
+    return;
+  }
+  for (uint64_t round = 0; round < ROUNDS; round++) {
+    for (int i = CHANNELS - 1; i > 0; i--) {
+      int j = (int)(check_xorshift(&rng) % (uint64_t)(i + 1));
+      uint32_t tmp = order[i];
+      order[i] = order[j];
+      order[j] = tmp;
+    }
+    async_round r = {.outstanding = CHANNELS};
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    for (int i = 0; i < CHANNELS; i++) {
+      calls[i] = (async_call){.round = &r, .ch = order[i], .seq = round};
+      size_t soff[8], slen[8], total = 0;
+      for (int p = 0; p < SIZE; p++) {
+        soff[p] = total;
+        slen[p] = part_len(RANK, p, order[i], round);
+        total += slen[p];
+      }
+      unsigned char *send = malloc(total ? total : 1);
+      for (int p = 0; p < SIZE; p++)
+        for (size_t b = 0; b < slen[p]; b++)
+          send[soff[p] + b] = pattern(RANK, p, order[i], round, b);
+      char err[512];
+      if (dynemb_comm_alltoallv_async(C, order[i], send, soff, slen, async_done,
+                                      &calls[i], err, sizeof err)) {
+        fprintf(stderr, "rank %d: %s\n", RANK, err);
+        bad++;
+        pthread_mutex_lock(&r.mu);
+        r.outstanding--;
+        pthread_mutex_unlock(&r.mu);
+      }
+      free(send); /* copied by the call */
+    }
+    pthread_mutex_lock(&r.mu);
+    while (r.outstanding) pthread_cond_wait(&r.cv, &r.mu);
+    bad += r.bad;
+    pthread_mutex_unlock(&r.mu);
+    pthread_mutex_destroy(&r.mu);
+    pthread_cond_destroy(&r.cv);
+  }
+  CHECK(bad == 0);
+}
+
 /* Rank 0 waits on channel 7, the others on channel 8: rank 0 hears from
  * nobody, the others from each other but not from rank 0. */
 static void test_missing_rank_is_a_bounded_error(void) {
@@ -212,6 +315,7 @@ int main(void) {
   MPI_RUN(test_ranks);
   MPI_RUN(test_exchange_equals_reference);
   MPI_RUN(test_any_order_on_any_thread);
+  MPI_RUN(test_async_any_order_on_one_thread);
   MPI_RUN(test_missing_rank_is_a_bounded_error);
   MPI_RUN(test_bad_timeout_refused);
   int failed = check_failed_total;
