@@ -45,13 +45,10 @@ static size_t part_len(int src, int dst, uint32_t ch, uint64_t seq) {
   return len;
 }
 
-/* One exchange on ch with the patterns; returns the number of wrong
- * things (0: all right). */
-static int exchange_checked(dynemb_comm *c, uint32_t ch, uint64_t seq) {
-  size_t *soff = calloc((size_t)SIZE, sizeof *soff);
-  size_t *slen = calloc((size_t)SIZE, sizeof *slen);
-  size_t *roff = calloc((size_t)SIZE, sizeof *roff);
-  size_t *rlen = calloc((size_t)SIZE, sizeof *rlen);
+/* This rank's parts for exchange seq of ch, in one malloc'd buffer, with
+ * their offsets and lengths (SIZE entries each). */
+static unsigned char *parts_to_send(uint32_t ch, uint64_t seq, size_t *soff,
+                                    size_t *slen) {
   size_t total = 0;
   for (int p = 0; p < SIZE; p++) {
     soff[p] = total;
@@ -62,29 +59,49 @@ static int exchange_checked(dynemb_comm *c, uint32_t ch, uint64_t seq) {
   for (int p = 0; p < SIZE; p++)
     for (size_t i = 0; i < slen[p]; i++)
       send[soff[p] + i] = pattern(RANK, p, ch, seq, i);
+  return send;
+}
+
+/* The number of wrong things in what exchange seq of ch delivered (rc and
+ * err as the exchange returned them); 0: all right. */
+static int received_wrong(uint32_t ch, uint64_t seq, int rc, const void *recv,
+                          const size_t *roff, const size_t *rlen,
+                          const char *err) {
+  if (rc) {
+    fprintf(stderr, "rank %d: %s\n", RANK, err);
+    return 1;
+  }
+  const unsigned char *r = recv;
+  size_t at = 0;
+  int bad = 0;
+  for (int p = 0; p < SIZE; p++) {
+    if (rlen[p] != part_len(p, RANK, ch, seq) || roff[p] != at) {
+      bad++;
+      continue;
+    }
+    for (size_t i = 0; i < rlen[p]; i++)
+      if (r[roff[p] + i] != pattern(p, RANK, ch, seq, i)) {
+        bad++;
+        break;
+      }
+    at += rlen[p];
+  }
+  return bad;
+}
+
+/* One exchange on ch with the patterns; returns the number of wrong
+ * things (0: all right). */
+static int exchange_checked(dynemb_comm *c, uint32_t ch, uint64_t seq) {
+  size_t *soff = calloc((size_t)SIZE, sizeof *soff);
+  size_t *slen = calloc((size_t)SIZE, sizeof *slen);
+  size_t *roff = calloc((size_t)SIZE, sizeof *roff);
+  size_t *rlen = calloc((size_t)SIZE, sizeof *rlen);
+  unsigned char *send = parts_to_send(ch, seq, soff, slen);
   void *recv = NULL;
   char err[512];
-  int bad = 0;
-  if (dynemb_comm_alltoallv(c, ch, send, soff, slen, &recv, roff, rlen, err,
-                            sizeof err)) {
-    fprintf(stderr, "rank %d: %s\n", RANK, err);
-    bad = 1;
-  } else {
-    const unsigned char *r = recv;
-    size_t at = 0;
-    for (int p = 0; p < SIZE; p++) {
-      if (rlen[p] != part_len(p, RANK, ch, seq) || roff[p] != at) {
-        bad++;
-        continue;
-      }
-      for (size_t i = 0; i < rlen[p]; i++)
-        if (r[roff[p] + i] != pattern(p, RANK, ch, seq, i)) {
-          bad++;
-          break;
-        }
-      at += rlen[p];
-    }
-  }
+  int rc = dynemb_comm_alltoallv(c, ch, send, soff, slen, &recv, roff, rlen,
+                                 err, sizeof err);
+  int bad = received_wrong(ch, seq, rc, recv, roff, rlen, err);
   free(recv);
   free(send);
   free(soff);
@@ -167,26 +184,7 @@ typedef struct async_call {
 static void async_done(void *arg, int rc, void *recv, const size_t *roff,
                        const size_t *rlen, const char *err) {
   async_call *a = arg;
-  int bad = 0;
-  if (rc) {
-    fprintf(stderr, "rank %d: %s\n", RANK, err);
-    bad = 1;
-  } else {
-    const unsigned char *r = recv;
-    size_t at = 0;
-    for (int p = 0; p < SIZE; p++) {
-      if (rlen[p] != part_len(p, RANK, a->ch, a->seq) || roff[p] != at) {
-        bad++;
-        continue;
-      }
-      for (size_t i = 0; i < rlen[p]; i++)
-        if (r[roff[p] + i] != pattern(p, RANK, a->ch, a->seq, i)) {
-          bad++;
-          break;
-        }
-      at += rlen[p];
-    }
-  }
+  int bad = received_wrong(a->ch, a->seq, rc, recv, roff, rlen, err);
   free(recv);
   pthread_mutex_lock(&a->round->mu);
   a->round->bad += bad;
@@ -217,16 +215,8 @@ static void test_async_any_order_on_one_thread(void) {
     pthread_cond_init(&r.cv, NULL);
     for (int i = 0; i < CHANNELS; i++) {
       calls[i] = (async_call){.round = &r, .ch = order[i], .seq = round};
-      size_t soff[8], slen[8], total = 0;
-      for (int p = 0; p < SIZE; p++) {
-        soff[p] = total;
-        slen[p] = part_len(RANK, p, order[i], round);
-        total += slen[p];
-      }
-      unsigned char *send = malloc(total ? total : 1);
-      for (int p = 0; p < SIZE; p++)
-        for (size_t b = 0; b < slen[p]; b++)
-          send[soff[p] + b] = pattern(RANK, p, order[i], round, b);
+      size_t soff[8], slen[8];
+      unsigned char *send = parts_to_send(order[i], round, soff, slen);
       char err[512];
       if (dynemb_comm_alltoallv_async(C, order[i], send, soff, slen, async_done,
                                       &calls[i], err, sizeof err)) {
