@@ -34,7 +34,7 @@ OPS_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -fvisibility=hidden -pthread \
               -Iinclude -isystem $(TF_INC) $(EXTRA_CFLAGS)
 OPS_LDFLAGS := -shared -L$(TF_LIB) -Wl,--no-undefined
 
-$(OUT): tf/dynemb_ops.c $(EXTRA_SRC) tf/ops.mk include/dynemb.h build/libdynemb.a
+$(OUT): tf/dynemb_ops.c tf/kernel_util.h $(EXTRA_SRC) tf/ops.mk include/dynemb.h build/libdynemb.a
 	@if [ -z "$(TF_INC)" ]; then echo "tf/ops.mk: TensorFlow is not importable with $(PYTHON)" >&2; exit 1; fi
 	@mkdir -p $(@D)
 	$(CC) $(OPS_CFLAGS) tf/dynemb_ops.c $(EXTRA_SRC) -o $@ $(OPS_LDFLAGS) $(EXTRA_LDFLAGS) \
