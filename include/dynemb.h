@@ -463,8 +463,11 @@ enum dynemb_import_flags {
                                        of taking the snapshot's */
 };
 
-/* Which shard of `shard_count` a key belongs to (hash based, stable across
- * versions and platforms). shard_count 0 or 1 gives 0. */
+/* Which shard of `shard_count` a key belongs to (hash based, the same on
+ * every platform): the rank that owns the key in a table sharded over
+ * `shard_count` ranks, and the filter of re-sharding imports. Nothing stored
+ * depends on it (imports filter by it when they read). shard_count 0 or 1
+ * gives 0. */
 DYNEMB_API uint32_t dynemb_key_shard(int64_t key, uint32_t shard_count);
 
 /* Inserts (or overwrites) the snapshot's rows and candidates into `t`,

@@ -3,8 +3,9 @@
  *
  * Keys are often small consecutive integers or raw 32-bit hashes; a strong
  * 64-bit mixer (the splitmix64 finalizer) spreads them over shards and
- * buckets. The same function decides lock shards, index buckets and
- * checkpoint re-sharding (dynemb_key_shard), so it must never change.
+ * buckets. The same function decides lock shards and index buckets, and,
+ * mixed once more, which rank owns a key (dynemb_key_shard); tests compare
+ * against copies of it written out, so a change shows.
  */
 #ifndef DYNEMB_HASH_H
 #define DYNEMB_HASH_H

@@ -922,13 +922,30 @@ static void test_key_shard_and_widen(void) {
   uint32_t counts[8] = {0};
   for (int64_t k = 0; k < 8000; k++) counts[dynemb_key_shard(k, 8)]++;
   for (int i = 0; i < 8; i++) CHECK(counts[i] > 850 && counts[i] < 1150);
-  /* reference: fastrange of the top 32 bits of the splitmix64 finalizer of
-   * key + golden ratio (computed independently here) */
+  /* reference: fastrange of the top 32 bits of the splitmix64 finalizer,
+   * applied to key + golden ratio, then again after a salt (computed
+   * independently here) */
   uint64_t x = (uint64_t)777 + 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  x ^= x >> 31;
+  for (int round = 0; round < 2; round++) {
+    if (round) x ^= 0xd6e8feb86659fd93ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+  }
   CHECK(dynemb_key_shard(777, 1000) == (uint32_t)(((x >> 32) * 1000) >> 32));
+  /* The keys one rank of 64 owns spread over all 64 lock shards (top six
+   * hash bits) and over the index's buckets (fastrange of the low 32 bits):
+   * a rank's table is not confined to one lock or one end of its index. */
+  uint32_t locks[64] = {0}, buckets[16] = {0}, owned = 0;
+  for (int64_t k = 0; owned < 64000; k++) {
+    if (dynemb_key_shard(k, 64) != 5) continue;
+    owned++;
+    uint64_t h = dynemb_hash_key(k);
+    locks[h >> 58]++;
+    buckets[((uint64_t)(uint32_t)h * 16) >> 32]++;
+  }
+  for (int i = 0; i < 64; i++) CHECK(locks[i] > 800 && locks[i] < 1200);
+  for (int i = 0; i < 16; i++) CHECK(buckets[i] > 3600 && buckets[i] < 4400);
   int32_t in[4] = {0, -1, INT32_MIN, INT32_MAX};
   int64_t w[4];
   dynemb_widen_keys(in, 4, w);
