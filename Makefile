@@ -171,7 +171,7 @@ MPI_SRC  := $(wildcard tests/mpi/mpi_*.c)
 COMM_LIB := build/libdynemb_comm.so
 $(COMM_LIB): comm/exchange.c comm/dynemb_comm.h
 	@mkdir -p $(@D)
-	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm -shared $< -o $@ -pthread -Wl,--no-undefined
+	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm -shared $< -o $@ -pthread -Wl,--no-undefined -Wl,-soname,libdynemb_comm.so
 comm: $(COMM_LIB)
 build/mpi/mpi_%: tests/mpi/mpi_%.c comm/exchange.c comm/dynemb_comm.h tests/c/check.h
 	@mkdir -p $(@D)
@@ -228,8 +228,8 @@ $(COMPAT_VENV)/.stamp: $(COMPAT_LOCK)
 
 compat-venv: $(COMPAT_VENV)/.stamp
 
-ops: venv build/libdynemb.a
-	$(MAKE) --no-print-directory -f tf/ops.mk PYTHON=$(VPY)
+ops: venv build/libdynemb.a $(if $(HAVE_MPICC),$(COMM_LIB))
+	$(MAKE) --no-print-directory -f tf/ops.mk PYTHON=$(VPY) ops $(if $(HAVE_MPICC),sharded-ops)
 
 install-py: venv
 	$(VPY) $(PIP) --no-build-isolation -e .

@@ -1,7 +1,8 @@
 """Build hook for `pip install .`: compiles the engine and the TensorFlow op
 library with make (C11, gcc) and ships build/tf/_dynemb_ops.so inside the
 `dynemb` package, with build/libdynemb_comm.so (the exchange between worker
-processes) where Open MPI's mpicc is. Metadata lives in pyproject.toml.
+processes) and build/tf/_dynemb_sharded_ops.so (the ops of several ranks)
+where Open MPI's mpicc is. Metadata lives in pyproject.toml.
 
 The op library is compiled against the TensorFlow importable by the
 interpreter running the build, so install with --no-build-isolation into an
@@ -23,6 +24,7 @@ from setuptools.dist import Distribution
 ROOT = os.path.dirname(os.path.abspath(__file__))
 LIB = os.path.join("build", "tf", "_dynemb_ops.so")
 COMM_LIB = os.path.join("build", "libdynemb_comm.so")
+SHARDED_LIB = os.path.join("build", "tf", "_dynemb_sharded_ops.so")
 
 
 def build_native() -> None:
@@ -33,6 +35,8 @@ def build_native() -> None:
     # (one worker needs neither it nor MPI).
     if shutil.which(os.environ.get("MPICC", "mpicc")):
         subprocess.check_call([make, "-C", ROOT, COMM_LIB])
+        subprocess.check_call([make, "-C", ROOT, "-f", "tf/ops.mk", "PYTHON=" + sys.executable,
+                               "sharded-ops"])
 
 
 class BuildPyWithOps(build_py):
@@ -43,9 +47,10 @@ class BuildPyWithOps(build_py):
             dest = os.path.join(self.build_lib, "dynemb")
             os.makedirs(dest, exist_ok=True)
             shutil.copy2(os.path.join(ROOT, LIB), os.path.join(dest, "_dynemb_ops.so"))
-            if os.path.isfile(os.path.join(ROOT, COMM_LIB)):
-                shutil.copy2(os.path.join(ROOT, COMM_LIB),
-                             os.path.join(dest, "libdynemb_comm.so"))
+            for lib in (COMM_LIB, SHARDED_LIB):
+                if os.path.isfile(os.path.join(ROOT, lib)):
+                    shutil.copy2(os.path.join(ROOT, lib),
+                                 os.path.join(dest, os.path.basename(lib)))
 
 
 class BinaryDistribution(Distribution):

@@ -44,6 +44,10 @@ typedef struct dynemb_comm dynemb_comm;
 DYNEMB_COMM_API int dynemb_comm_open(dynemb_comm **out, double timeout_s, char *err,
                      size_t err_len);
 
+/* The comm that this process opened first and has not closed, or NULL: how
+ * the op kernels of several ranks reach the world Python joined. */
+DYNEMB_COMM_API dynemb_comm *dynemb_comm_world(void);
+
 /* Ends the exchange; MPI is finalised if dynemb_comm_open initialised it. */
 DYNEMB_COMM_API void dynemb_comm_close(dynemb_comm *c);
 

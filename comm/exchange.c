@@ -53,6 +53,9 @@ struct dynemb_comm {
   int progress_started, stopping;
 };
 
+/* dynemb_comm_world's answer. */
+static _Atomic(dynemb_comm *) the_world;
+
 static int fail(char *err, size_t err_len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t err_len, const char *fmt, ...) {
@@ -111,12 +114,18 @@ int dynemb_comm_open(dynemb_comm **out, double timeout_s, char *err,
   pthread_mutex_init(&c->mu, NULL);
   pthread_mutex_init(&c->pending_mu, NULL);
   pthread_cond_init(&c->pending_cv, NULL);
+  dynemb_comm *none = NULL;
+  atomic_compare_exchange_strong(&the_world, &none, c);
   *out = c;
   return 0;
 }
 
+dynemb_comm *dynemb_comm_world(void) { return atomic_load(&the_world); }
+
 void dynemb_comm_close(dynemb_comm *c) {
   if (!c) return;
+  dynemb_comm *self = c;
+  atomic_compare_exchange_strong(&the_world, &self, NULL);
   if (c->progress_started) {
     pthread_mutex_lock(&c->pending_mu);
     c->stopping = 1;

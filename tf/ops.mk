@@ -1,4 +1,5 @@
-# tf/ops.mk -- builds the TensorFlow op library build/tf/_dynemb_ops.so.
+# tf/ops.mk -- builds the TensorFlow op library build/tf/_dynemb_ops.so and
+# (target sharded-ops, where MPI is) build/tf/_dynemb_sharded_ops.so.
 #
 # Called by the top-level Makefile (`make ops`) as
 #   $(MAKE) -f tf/ops.mk PYTHON=.venv/bin/python
@@ -32,7 +33,10 @@ TF_VER  := $(word 3,$(TF_INFO))
 OPS_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC -fvisibility=hidden -pthread \
               -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
               -Iinclude -isystem $(TF_INC) $(EXTRA_CFLAGS)
-OPS_LDFLAGS := -shared -L$(TF_LIB) -Wl,--no-undefined
+# The soname lets the library of several ranks (below), which depends on this
+# one, bind to the copy Python loaded, wherever it was loaded from: one
+# process has one table registry.
+OPS_LDFLAGS := -shared -L$(TF_LIB) -Wl,--no-undefined -Wl,-soname,_dynemb_ops.so
 
 $(OUT): tf/dynemb_ops.c tf/kernel_util.h $(EXTRA_SRC) tf/ops.mk include/dynemb.h build/libdynemb.a
 	@if [ -z "$(TF_INC)" ]; then echo "tf/ops.mk: TensorFlow is not importable with $(PYTHON)" >&2; exit 1; fi
@@ -42,5 +46,18 @@ $(OUT): tf/dynemb_ops.c tf/kernel_util.h $(EXTRA_SRC) tf/ops.mk include/dynemb.h
 	  -lz -lm -l:libtensorflow_framework.so.2 -pthread
 	@echo "$(TF_VER)" > $@.tf-version
 
-.PHONY: ops
+# The op library of several ranks (tf/sharded_ops.c): the engine's ops from
+# $(OUT) and the exchange from libdynemb_comm.so (COMM, built by the top-level
+# Makefile with mpicc), found next to it when installed ($$ORIGIN) and in
+# build/ of a source checkout ($$ORIGIN/..).
+SHARDED_OUT ?= $(dir $(OUT))_dynemb_sharded_ops.so
+COMM        ?= build/libdynemb_comm.so
+$(SHARDED_OUT): tf/sharded_ops.c tf/kernel_util.h comm/dynemb_comm.h tf/ops.mk $(OUT) $(COMM)
+	@if [ -z "$(TF_INC)" ]; then echo "tf/ops.mk: TensorFlow is not importable with $(PYTHON)" >&2; exit 1; fi
+	$(CC) $(OPS_CFLAGS) -Icomm tf/sharded_ops.c -o $@ -shared -L$(TF_LIB) -Wl,--no-undefined \
+	  -L$(dir $(OUT)) -l:_dynemb_ops.so -L$(dir $(COMM)) -l:$(notdir $(COMM)) \
+	  -l:libtensorflow_framework.so.2 -pthread -Wl,-rpath,'$$ORIGIN:$$ORIGIN/..'
+
+.PHONY: ops sharded-ops
 ops: $(OUT)
+sharded-ops: $(SHARDED_OUT)

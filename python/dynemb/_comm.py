@@ -50,6 +50,28 @@ class World:
         self.size = int(lib.dynemb_comm_size(handle))
         self.local_size = int(lib.dynemb_comm_local_size(handle))
 
+    def allgather(self, channel: int, payload: bytes) -> list[bytes]:
+        """Every rank's `payload`, in rank order (blocking; every rank calls
+        it with the same channel, in the same order). Channels below 16 are
+        Python's (dynemb._state.PYTHON_CHANNELS); graph ops use the rest."""
+        n = self.size
+        send = ctypes.create_string_buffer(payload, len(payload) or 1)
+        offsets = (ctypes.c_size_t * n)(*([0] * n))
+        lengths = (ctypes.c_size_t * n)(*([len(payload)] * n))
+        recv = ctypes.c_void_p()
+        roff, rlen = (ctypes.c_size_t * n)(), (ctypes.c_size_t * n)()
+        err = ctypes.create_string_buffer(1024)
+        rc = self._lib.dynemb_comm_alltoallv(self._handle, channel, send, offsets, lengths,
+                                             ctypes.byref(recv), roff, rlen, err, len(err))
+        if rc != 0:
+            raise RuntimeError("dynemb: exchange with the other ranks failed: %s"
+                               % err.value.decode(errors="replace"))
+        try:
+            return [ctypes.string_at(recv.value + roff[p], rlen[p]) if rlen[p] else b""
+                    for p in range(n)]
+        finally:
+            _libc_free(recv)
+
     def close(self) -> None:
         if self._handle:
             self._lib.dynemb_comm_close(self._handle)
@@ -57,6 +79,11 @@ class World:
 
 
 _WORLD: Optional[World] = None
+
+
+def _libc_free(buf: ctypes.c_void_p) -> None:
+    if buf.value:
+        ctypes.CDLL(None).free(buf)
 
 
 def _timeout() -> float:
@@ -90,6 +117,12 @@ def world() -> World:
     for fn in ("dynemb_comm_rank", "dynemb_comm_size", "dynemb_comm_local_size"):
         getattr(lib, fn).argtypes = [ctypes.c_void_p]
         getattr(lib, fn).restype = ctypes.c_int
+    lib.dynemb_comm_alltoallv.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p,
+        ctypes.c_size_t]
+    lib.dynemb_comm_alltoallv.restype = ctypes.c_int
     lib.dynemb_comm_close.argtypes = [ctypes.c_void_p]
     lib.dynemb_comm_close.restype = None
     handle = ctypes.c_void_p()

@@ -44,6 +44,27 @@ LIB_PATH = _find_library()
 ops: Any = tf.load_op_library(LIB_PATH)  # registers the kernels
 clib = ctypes.CDLL(LIB_PATH)              # the same library, already loaded
 
+_SHARDED_FILE = "_dynemb_sharded_ops.so"
+_sharded: list = []
+
+
+def sharded_ops() -> Any:
+    """The op library of several ranks (tf/sharded_ops.c), loaded once, next
+    to the op library above (installed or build/tf/). It depends on
+    libdynemb_comm.so and so on libmpi: load it only after joining the
+    launch's world (dynemb._comm.world(), which loads libmpi globally)."""
+    if not _sharded:
+        path = Path(LIB_PATH).resolve().parent / _SHARDED_FILE
+        if not path.is_file():
+            raise RuntimeError(
+                "dynemb: this process is one of several ranks, but the op library of "
+                "several ranks %s is not next to %s. Build it with `make ops` in the source "
+                "tree where Open MPI's mpicc is (apt-get install openmpi-bin "
+                "libopenmpi-dev), or reinstall with `pip install .` there"
+                % (_SHARDED_FILE, LIB_PATH))
+        _sharded.append(tf.load_op_library(str(path)))
+    return _sharded[0]
+
 # --- engine constants (include/dynemb.h) ------------------------------------
 OK, EINVAL, ENOMEM, EEXIST, ENOTFOUND, EDIM = 0, 1, 2, 3, 4, 5
 INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_TRUNCATED_NORMAL = range(5)
@@ -124,6 +145,7 @@ _SIGS = {
     "dynemb_table_row_floats": (ctypes.c_int, [_P]),
     "dynemb_table_get_config": (None, [_P, ctypes.POINTER(TableConfig)]),
     "dynemb_table_set_access_threshold": (ctypes.c_int, [_P, ctypes.c_uint32]),
+    "dynemb_key_shard": (ctypes.c_uint32, [ctypes.c_int64, ctypes.c_uint32]),
     "dynemb_table_set_eviction_threshold": (ctypes.c_int, [_P, ctypes.c_int64]),
     "dynemb_table_set_default_value": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_float)]),
     "dynemb_table_set_optimizer": (ctypes.c_int, [_P, ctypes.POINTER(Optimizer)]),

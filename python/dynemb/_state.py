@@ -19,8 +19,10 @@ mechanism just to reach a registry:
 
 Ranks: a script started by an MPI launcher in several processes joins the
 launch's world (dynemb._comm) and the rank functions answer from it; a
-script started alone is rank 0 of 1 and needs no MPI. Tables are not yet
-sharded across ranks, so creating one on more than one rank is refused.
+script started alone is rank 0 of 1 and needs no MPI. On several ranks the
+graph's exchanges get channels from ``next_exchange_channel`` (the same on
+every rank, which builds the same graph in the same order) and run in the
+order each graph's ``exchange_tails`` chains them (dynemb.core.exchange).
 """
 from __future__ import annotations
 
@@ -77,6 +79,9 @@ class GraphState:
         self.stats: dict[str, dict[str, Any]] = {}
         # "address" tensor name (by-address training) -> (table, its rows)
         self.addresses: dict[str, Any] = {}
+        # On several ranks: the latest exchange op of each chain
+        # (dynemb.core.exchange), which the next one waits for.
+        self.exchange_tails: dict[Any, Any] = {}
 
 
 @dataclass
@@ -526,6 +531,31 @@ def get_local_rank_size() -> int:
     """The number of training processes on this machine (mxRec's meaning)."""
     w = _world()
     return w.local_size if w is not None else 1
+
+
+# Exchange channels: those below FIRST_GRAPH_CHANNEL are Python's own
+# exchanges (graph construction time), the rest belong to graph ops.
+CONFIG_CHANNEL = 1  # create_table's check that every rank asks for the same table
+CHECKPOINT_CHANNEL = 2  # save_tables / Saver.save: every rank's part is written
+FIRST_GRAPH_CHANNEL = 16
+_next_channel = [FIRST_GRAPH_CHANNEL]
+
+
+def next_exchange_channel() -> int:
+    """A channel for one more exchange op: the same number on every rank,
+    since every rank builds the same graphs in the same order."""
+    c = _next_channel[0]
+    _next_channel[0] += 1
+    return c
+
+
+def sharded_ops() -> Any:
+    """The op library of several ranks (after joining the world, which it
+    needs)."""
+    if _world() is None:
+        raise RuntimeError("dynemb: the ops of several ranks are used in a process "
+                           "started alone")
+    return _lib.sharded_ops()
 
 
 def refuse_several_ranks(what: str) -> None:

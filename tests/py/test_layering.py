@@ -31,10 +31,11 @@ LAYERS = {
     # 1. Process state: table registry, per-graph records, init() settings.
     "dynemb._state": 1,
     # 2. Building blocks: tables, FeatureSpec, graph tracing and rewriting,
-    #    pipeline rebuilding, engine checkpoints.
+    #    pipeline rebuilding, engine checkpoints, the exchanges of several ranks.
     "dynemb.core.tables": 2,
     "dynemb.core.asc.spec": 2,
     "dynemb.core.checkpoint": 2,
+    "dynemb.core.exchange": 2,
     "dynemb.graph.trace": 2,
     "dynemb.graph.pipeline": 2,
     "dynemb.graph.rewrite": 2,

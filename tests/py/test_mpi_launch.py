@@ -1,8 +1,9 @@
 """A script under a real MPI launch (`mpirun -np N python script.py`): every
 process joins the world, the rank functions answer what the launcher
 assigned (the reference: Open MPI's OMPI_COMM_WORLD_RANK, set by mpirun for
-each process), and creating a table, not yet sharded across ranks, is
-refused by name on every rank. Each launch is bounded by a timeout."""
+each process), a table created alike on every rank is created, and one
+whose configuration differs between ranks is an error on every rank that
+names another rank and what differs. Each launch is bounded by a timeout."""
 import json
 import os
 import shutil
@@ -34,9 +35,13 @@ def _launch(n, results_dir):
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_ranks_come_from_the_launch_and_tables_are_refused(n, tmp_path):
+def test_ranks_come_from_the_launch_and_tables_must_match(n, tmp_path):
     results = _launch(n, tmp_path)
     assert sorted(results) == list(range(n))
     for launched_rank, r in results.items():
         assert (r["rank"], r["size"], r["local_size"]) == (launched_rank, n, n)
-        assert "create_table('t') on %d ranks is not available yet" % n in r["create_table"]
+        assert r["create_table"] == "created"
+        other = 1 if launched_rank == 0 else 0
+        assert ("create_table('u'): rank %d asks for another configuration: its dim is %d, "
+                "this rank's (%d) is %d" % (other, 4 + other, launched_rank,
+                                            4 + launched_rank)) in r["mismatch"], r["mismatch"]

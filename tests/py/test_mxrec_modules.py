@@ -2,9 +2,9 @@
 all-reduce of ``util.communication.hccl_ops`` / ``util.tf_version_adapter``,
 the constants, ``version()``. A process started alone is rank 0 of 1 and an
 all-reduce is the identity; under an MPI launch the ranks come from the
-launch's world (here a stand-in for it; tests/py/test_mpi_launch.py runs the
-real one under mpirun), and what does not work across ranks yet is refused
-by name (docs/mxrec-compatibility.md)."""
+launch's world (here a stand-in for it; tests/py/test_mpi_launch.py and
+test_sharded_training.py run the real one under mpirun), and what does not
+work across ranks yet is refused by name (docs/mxrec-compatibility.md)."""
 import importlib
 
 import numpy as np
@@ -50,6 +50,10 @@ class _StandInWorld:
     def __init__(self, rank, size, local_size):
         self.rank, self.size, self.local_size = rank, size, local_size
 
+    def allgather(self, channel, payload):
+        del channel
+        return [payload] * self.size  # every rank asks for the same
+
 
 @pytest.fixture
 def launched(single_process):
@@ -82,12 +86,25 @@ def test_under_an_mpi_launch_the_ranks_come_from_the_world(launched):
     assert (initialize.get_rank_id(), initialize.get_rank_size()) == (2, 4)
 
 
-def test_under_an_mpi_launch_tables_and_allreduce_are_refused(launched):
-    from dynemb.util.communication import hccl_ops
-    with pytest.raises(RuntimeError, match="on 4 ranks is not available yet"):
-        dynemb.create_table(tf.int64, 2, "ranked", tf.compat.v1.zeros_initializer())
-    with pytest.raises(RuntimeError, match="allreduce on 4 ranks is not available yet"):
-        hccl_ops.allreduce(tf.ones([2]), "sum")
+def test_under_an_mpi_launch_what_is_not_sharded_yet_is_refused(launched):
+    with tf.Graph().as_default():
+        from dynemb.util.communication import hccl_ops
+        dynemb.init()
+        with pytest.raises(ValueError, match="is_dp=True .* not available on several ranks"):
+            dynemb.create_table(tf.int64, 2, "dp", tf.compat.v1.zeros_initializer(), is_dp=True)
+        table = dynemb.create_table(tf.int64, 2, "ranked", tf.compat.v1.zeros_initializer())
+        ids = tf.constant([1, 2], tf.int64)
+        with pytest.raises(RuntimeError, match=r"automatic graph modification \(modify_graph=True"
+                                               r"\) on 4 ranks is not available yet"):
+            dynemb.sparse_lookup(table, ids, modify_graph=True)
+        with pytest.raises(ValueError, match="on several ranks dynemb reduces with 'sum' or"):
+            hccl_ops.allreduce(tf.ones([2]), "max")
+        with pytest.raises(TypeError, match="reduces float32 tensors, got int32"):
+            hccl_ops.allreduce(tf.ones([2], tf.int32), "sum")
+        with pytest.raises(ValueError, match="all2all_gradients_op must be one of"):
+            dynemb.create_table(tf.int64, 2, "bad", tf.compat.v1.zeros_initializer(),
+                                all2all_gradients_op="mean")
+    dynemb.terminate_config_initializer()
 
 
 def test_init_ranks_must_be_the_launch(single_process):

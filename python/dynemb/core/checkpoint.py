@@ -17,6 +17,17 @@ Saver's ``max_to_keep``, and ``Saver.restore`` load them back. Scripts that
 decide whether to load by looking for ``sparse-model-*`` find it.
 Checkpoints of earlier versions (rows as tensors in the Saver's files, and
 ``<prefix>.dynemb`` directories for tables with an SSD tier) still restore.
+
+On several ranks each rank holds a shard of every table, so a checkpoint
+directory holds one part per rank, ``<path>/rank-<r>-of-<N>`` (an engine
+checkpoint of that rank's keys): ``save_tables`` is then collective (every
+rank calls it, and it returns once every rank's part is written), and
+``restore_tables`` on M ranks reads every part of a checkpoint written by
+any number of ranks, or a one-process checkpoint, keeping the keys each rank
+owns (dynemb_key_shard). A Saver checkpoint's dense variables, the same on
+every rank, are written once, by rank 0, after every rank's part; every
+rank restores them. The ranks must share the checkpoint directory (one host,
+or a shared file system).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 from typing import Any, Iterable, Iterator, Optional
 
@@ -34,6 +46,48 @@ from dynemb.core.tables import EXPORT_FIELDS
 
 LEGACY_SUFFIX = ".dynemb"  # <checkpoint prefix>.dynemb: earlier versions' tiered rows
 SPARSE_PREFIX = "sparse-"   # <dir>/sparse-<prefix basename>: the tables' rows
+_PART = re.compile(r"^rank-(\d+)-of-(\d+)$")  # a rank's part of a checkpoint directory
+
+
+def part_dir(path: str, rank: int, size: int) -> str:
+    """Rank `rank`'s part of checkpoint directory `path` written by `size` ranks."""
+    return os.path.join(path, "rank-%d-of-%d" % (rank, size))
+
+
+def checkpoint_parts(path: str) -> list[str]:
+    """The engine checkpoint directories that make up checkpoint `path`: its
+    rank parts (all of them, or an error naming the missing ones), or `path`
+    itself when one process wrote it."""
+    try:
+        found = [(int(m.group(1)), int(m.group(2)), n) for n in os.listdir(path)
+                 for m in [_PART.match(n)] if m]
+    except OSError:
+        return [path]
+    if not found:
+        return [path]
+    sizes = sorted({size for _, size, _ in found})
+    if len(sizes) > 1:
+        raise ValueError("dynemb: checkpoint '%s' holds parts written by %s ranks; a "
+                         "checkpoint is written by one set of ranks: remove the stray parts"
+                         % (path, " and ".join(map(str, sizes))))
+    have = {r for r, _, _ in found}
+    missing = [r for r in range(sizes[0]) if r not in have]
+    if missing:
+        raise ValueError("dynemb: checkpoint '%s' was written by %d ranks, but the parts of "
+                         "rank(s) %s are missing; restore them, or start from another "
+                         "checkpoint" % (path, sizes[0], ", ".join(map(str, missing))))
+    return [os.path.join(path, n) for _, _, n in sorted(found)]
+
+
+def _all_ranks_ok(channel: int, error: Optional[str], what: str) -> None:
+    """Every rank says whether its part of `what` worked; raises on every
+    rank if one failed (the first failing rank's error)."""
+    w = _state._world()  # pylint: disable=protected-access
+    said = w.allgather(channel, (error or "").encode())
+    for rank, text in enumerate(said):
+        if text:
+            raise RuntimeError("dynemb %s: rank %d failed: %s"
+                               % (what, rank, text.decode(errors="replace")))
 
 
 def sparse_dir(prefix: str) -> str:
@@ -68,12 +122,24 @@ def save_tables(path: str, tables: Optional[Iterable[Any]] = None) -> list[str]:
     """Saves `tables` (table objects or names; default: every table of this
     process) into checkpoint directory `path` (created if missing; tables it
     already holds and that are not saved again are kept). Returns the names
-    saved. Raises DynembError naming the table and the cause."""
+    saved. Raises DynembError naming the table and the cause. On several
+    ranks every rank calls it: each writes its part, and it returns once
+    all have (an error on one rank is raised on every rank)."""
     names = _names(tables)
-    with _handles(names, "save_tables") as hs:
-        arr = (ctypes.c_void_p * max(len(hs), 1))(*[h.value for h in hs])
-        _lib.check(_lib.clib.dynemb_checkpoint_save(str(path).encode(), arr, len(hs)),
-                   "save_tables('%s')" % path)
+    size = _state.get_rank_size()
+    target = part_dir(path, _state.get_rank_id(), size) if size > 1 else path
+    error = None
+    try:
+        with _handles(names, "save_tables") as hs:
+            arr = (ctypes.c_void_p * max(len(hs), 1))(*[h.value for h in hs])
+            _lib.check(_lib.clib.dynemb_checkpoint_save(str(target).encode(), arr, len(hs)),
+                       "save_tables('%s')" % path)
+    except Exception as e:  # pylint: disable=broad-except
+        if size == 1:
+            raise
+        error = str(e)
+    if size > 1:
+        _all_ranks_ok(_state.CHECKPOINT_CHANNEL, error, "save_tables('%s')" % path)
     return names
 
 
@@ -89,12 +155,18 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
     names = _names(tables)
     name_map = dict(name_map or {})
     flags = _lib.IMPORT_REPLACE | (_lib.IMPORT_EMBEDDING_ONLY if embedding_only else 0)
+    parts = checkpoint_parts(str(path))
+    # On M ranks each keeps the keys it owns, from every part.
+    size = _state.get_rank_size()
+    shard = (_state.get_rank_id(), size) if size > 1 else (0, 0)
     with _handles(names, "restore_tables") as hs:
         for name, h in zip(names, hs):
             src = name_map.get(name, name)
-            _lib.check(_lib.clib.dynemb_checkpoint_load(str(path).encode(), h, src.encode(),
-                                                        flags, 0, 0),
-                       "restore_tables('%s')" % path)
+            for i, part in enumerate(parts):
+                _lib.check(_lib.clib.dynemb_checkpoint_load(
+                    part.encode(), h, src.encode(),
+                    flags if i == 0 else flags & ~_lib.IMPORT_REPLACE, *shard),
+                    "restore_tables('%s')" % path)
     return names
 
 
@@ -150,12 +222,32 @@ def _save(self, sess, save_path, global_step=None, *args, **kwargs):
         return _orig_save(self, sess, save_path, global_step, *args, **kwargs)
     path = _checkpoint_path(self, sess, save_path, global_step)
     save_tables(sparse_dir(path), names)  # first: a listed checkpoint has its rows
+    if _state.get_rank_size() > 1:
+        return _save_dense_once(self, sess, save_path, global_step, path, *args, **kwargs)
     out = _orig_save(self, sess, save_path, global_step, *args, **kwargs)
     if out and os.path.normpath(out) != os.path.normpath(path):  # (not expected)
         shutil.rmtree(sparse_dir(out), ignore_errors=True)
         os.rename(sparse_dir(path), sparse_dir(out))
     if out and self._max_to_keep:  # pylint: disable=protected-access
         _prune(self, save_path)
+    if out:
+        _state.LAST_SAVED_SPARSE_DIR[:] = [sparse_dir(out)]
+    return out
+
+
+def _save_dense_once(saver, sess, save_path, global_step, path, *args, **kwargs):
+    """Several ranks: every rank's part of the tables is written; rank 0
+    writes the Saver's files (the dense variables, the same on every rank)
+    and prunes, and every rank returns once it has."""
+    out, error = path, None
+    if _state.get_rank_id() == 0:
+        try:
+            out = _orig_save(saver, sess, save_path, global_step, *args, **kwargs)
+            if out and saver._max_to_keep:  # pylint: disable=protected-access
+                _prune(saver, save_path)
+        except Exception as e:  # pylint: disable=broad-except
+            error = "writing the checkpoint's dense variables: %s" % e
+    _all_ranks_ok(_state.CHECKPOINT_CHANNEL, error, "Saver.save('%s')" % path)
     if out:
         _state.LAST_SAVED_SPARSE_DIR[:] = [sparse_dir(out)]
     return out
@@ -217,23 +309,35 @@ def export_tables(path: str, tables: Optional[Iterable[Any]] = None) -> list[str
 
 def export_checkpoint(ckpt_dir: str, path: str,
                       tables: Optional[Iterable[str]] = None) -> list[str]:
-    """export_tables from engine checkpoint directory `ckpt_dir` (every table
-    in it by default), each table verified before it is written."""
+    """export_tables from checkpoint directory `ckpt_dir` (every table in it
+    by default; the rows of all its rank parts when several ranks wrote
+    it), each table verified before it is written."""
+    import numpy as np
     names = list(tables) if tables is not None else sorted(_entries(ckpt_dir))
     if not names and not os.path.isdir(ckpt_dir):
         raise ValueError("dynemb export: '%s' is not a checkpoint directory" % ckpt_dir)
-    out = {name: _embeddings(lambda snap, n=name: _lib.clib.dynemb_checkpoint_read(
-        str(ckpt_dir).encode(), n.encode(), snap),
-        "export of table '%s' from '%s'" % (name, ckpt_dir)) for name in names}
+    parts = checkpoint_parts(str(ckpt_dir))
+    out = {}
+    for name in names:
+        pieces = [_embeddings(lambda snap, n=name, p=p: _lib.clib.dynemb_checkpoint_read(
+            p.encode(), n.encode(), snap), "export of table '%s' from '%s'" % (name, p))
+            for p in parts]
+        keys = np.concatenate([k for k, _ in pieces])
+        emb = np.concatenate([e for _, e in pieces])
+        order = np.argsort(keys, kind="stable")
+        out[name] = (keys[order], emb[order])
     _write_npy(str(path), out)
     return names
 
 
 def _entries(path: str) -> set:
-    """Names of the tables in engine checkpoint directory `path` (none if it
-    is not one)."""
+    """Names of the tables in checkpoint directory `path` (none if it is
+    not one), in all its rank parts."""
     if not os.path.isdir(path):
         return set()
+    parts = checkpoint_parts(path)
+    if parts != [path]:
+        return set().union(*(_entries(p) for p in parts))
     entries = ctypes.POINTER(_lib.CkptEntry)()
     n = ctypes.c_size_t()
     if _lib.clib.dynemb_checkpoint_inspect(path.encode(), ctypes.byref(entries),

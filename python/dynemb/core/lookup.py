@@ -18,6 +18,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from dynemb import _lib, _state
+from dynemb.core import exchange
 from dynemb.constants.constants import (ASCEND_SPARSE_LOOKUP_ID_OFFSET,
                                         ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
                                         ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, ASCEND_TIMESTAMP)
@@ -37,6 +38,7 @@ def unused_input(dtype: tf.DType) -> tf.Tensor:
 
 
 @tf.RegisterGradient("DynembLookup")
+@tf.RegisterGradient("DynembShardedLookup")
 def _lookup_grad(op: tf.Operation, grad: Any) -> list:
     """d(loss)/d(anchor) as IndexedSlices(values=d(loss)/d(rows), indices=ids)."""
     keys = tf.reshape(input_of(op, "ids"), [-1])
@@ -205,6 +207,13 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                          "reuse the table)" % tname)
     if serving_default_value is not None:
         set_default_value(hashtable, serving_default_value)
+    if exchange.several_ranks() and (modify_graph or isinstance(ids, FeatureSpec)):
+        raise RuntimeError(
+            "sparse_lookup('%s'): %s on %d ranks is not available yet: on several ranks "
+            "dynemb trains with plain lookups (sparse_lookup(table, ids_tensor) without "
+            "modify_graph); docs/distributed.md"
+            % (tname, "automatic graph modification (modify_graph=True)" if modify_graph
+               else "FeatureSpec input", _state.get_rank_size()))
     if isinstance(ids, FeatureSpec):
         # Explicit FeatureSpec mode: the spec's ids come from `batch` (the
         # dataset mapped by get_asc_insert_func); dynemb.core.asc sets the
@@ -241,9 +250,17 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         # count shared ids for admission in scheduling order; the pipeline
         # modes (modify_graph, FeatureSpec) count them in model order.
         # `tickets` is used only when a pipeline mode sets use_tickets.
-        emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
-                                     tickets=unused_input(tf.int64),
-                                     table_name=tname, is_train=bool(is_train))
+        if exchange.several_ranks():
+            # Each id is looked up at the rank that owns it; the lookups of
+            # a step run in one order on every rank (core/exchange.py).
+            chain = exchange.TRAIN_CHAIN if is_train else (
+                "eval",) + tuple(sorted(_iterators_of(ids)))
+            emb = exchange.sharded_lookup(tname, ids, now, hashtable.anchor,
+                                          bool(is_train), chain)
+        else:
+            emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
+                                         tickets=unused_input(tf.int64),
+                                         table_name=tname, is_train=bool(is_train))
         emb.set_shape([ids.shape.num_elements(), dim])
         lookup_op = emb.op
         if not (is_train and is_grad):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import json
 import math
 import os
 import re
@@ -126,6 +127,8 @@ class EmbeddingTable:
         self.padding_keys: tuple = ()  # keys whose rows are never updated
         self.access_and_evict_config: Optional[dict[str, Any]] = None
         self.tiered = False  # has an SSD tier (set by create_table)
+        # on several ranks: divide the summed gradients by the rank count
+        self.average_gradients = False
         with graph.as_default(), graph.name_scope(None):
             self.anchor = tf.constant(0.0, dtype=tf.float32,
                                       name=op_name(name) + "_dynemb_anchor")
@@ -201,6 +204,36 @@ def _config_fields(c: _lib.TableConfig) -> dict[str, str]:
     }
 
 
+# mxRec's reductions of a table's gradients over ranks: the sum (the update
+# of one process training on the global batch), or the sum divided by the
+# rank count (for losses that are each rank's mean).
+ALL2ALL_GRADIENTS_OPS = ("sum_gradients", "sum_gradients_and_div_by_ranksize")
+
+
+def _same_on_every_rank(name: str, fields: dict[str, str]) -> None:
+    """On several ranks every rank creates the same tables, in the same
+    order, with the same configuration (each holds a shard of one table):
+    anything else is an error naming the rank and what differs."""
+    w = _state._world()  # pylint: disable=protected-access
+    mine = json.dumps({"name": name, "fields": fields}, sort_keys=True)
+    theirs = w.allgather(_state.CONFIG_CHANNEL, mine.encode())
+    for rank, text in enumerate(theirs):
+        other = json.loads(text.decode())
+        if other["name"] != name:
+            raise ValueError(
+                "create_table('%s'): at this point rank %d creates table '%s'; every rank "
+                "must create the same tables in the same order (each rank holds a shard "
+                "of every table)" % (name, rank, other["name"]))
+        diff = [k for k in fields if other["fields"].get(k) != fields[k]]
+        if diff:
+            raise ValueError(
+                "create_table('%s'): rank %d asks for another configuration: %s. Create "
+                "each table with the same arguments on every rank"
+                % (name, rank, "; ".join("its %s is %s, this rank's (%d) is %s"
+                                         % (k, other["fields"].get(k), w.rank, fields[k])
+                                         for k in diff)))
+
+
 def _padding_keys(name: str, keys: Any, mask: Any) -> tuple:
     """The padding keys as a tuple of ints (mxRec's rule: keys and the mask
     come together)."""
@@ -254,9 +287,17 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     gradients are dropped. padding_keys_len (the feature's static id count)
     is accepted: dynemb needs no static shape for it.
     """
-    del all2all_gradients_op, shard_num, fusion_optimizer_var, hashtable_threshold, mode
+    del shard_num, fusion_optimizer_var, hashtable_threshold, mode
     del enable_merge, padding_keys_len
-    _state.refuse_several_ranks("create_table('%s')" % name)
+    if all2all_gradients_op not in ALL2ALL_GRADIENTS_OPS:
+        raise ValueError("create_table('%s'): all2all_gradients_op must be one of %s, got %r"
+                         % (name, ", ".join(map(repr, ALL2ALL_GRADIENTS_OPS)),
+                            all2all_gradients_op))
+    ranks = _state.get_rank_size()
+    if ranks > 1 and is_dp:
+        raise ValueError("create_table('%s'): is_dp=True (a table replicated on every rank) "
+                         "is not available on several ranks yet; leave is_dp out (the table "
+                         "is then sharded across the %d ranks)" % (name, ranks))
     pads = _padding_keys(name, padding_keys, padding_keys_mask)
     cfg_init = _state.require_init("create_table('%s')" % name)
     require_graph_mode("create_table('%s')" % name)
@@ -353,11 +394,19 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
         if memory_rows == 0:
             raise ValueError("create_table('%s'): an SSD tier needs rows in memory above it; "
                              "set host_vocabulary_size (or device_vocabulary_size) > 0" % name)
-        ssd_path_b = str(paths[zlib.crc32(name_b) % len(paths)]).encode()
+        ssd_dir = str(paths[zlib.crc32(name_b) % len(paths)])
+        if ranks > 1:  # ranks on one host must not share the table's file
+            ssd_dir = os.path.join(ssd_dir, "rank-%d" % _state.get_rank_id())
+            os.makedirs(ssd_dir, exist_ok=True)
+        ssd_path_b = ssd_dir.encode()
         c.host_vocabulary_size = memory_rows
         c.ssd_vocabulary_size = ssd_vocabulary_size
         c.ssd_data_path = ssd_path_b
     del cfg_init
+    if ranks > 1:
+        _same_on_every_rank(name, dict(_config_fields(c), **{
+            "all2all_gradients_op": all2all_gradients_op, "padding keys": str(pads),
+            "key_dtype": key_dtype.name}))
 
     with _lib.table_handle(name, missing=None) as existing:
         if existing is not None:  # the table exists in this process: same config?
@@ -383,6 +432,7 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
 
     table = EmbeddingTable(name, dim, key_dtype, opt, graph, is_save)
     table.is_dp = bool(is_dp)
+    table.average_gradients = all2all_gradients_op == "sum_gradients_and_div_by_ranksize"
     table.padding_keys = pads
     table.tiered = bool(ssd_vocabulary_size)
     st.tables[name] = table

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 import tensorflow as tf
 
 from dynemb import _lib
+from dynemb.core import exchange
 from dynemb.core.lookup import unused_input
 from dynemb.core.tables import address_table, sparse_variables, table_for_variable
 
@@ -136,16 +137,18 @@ class SparseOptimizer:
                     keys = tf.cast(keys, tf.int64)
                 values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, table.dim])
                 if self.weight_decay and not self._decayed_here:
-                    rows = _lib.ops.dynemb_lookup(ids=keys, now=tf.constant(0, tf.int64),
-                                                  anchor=table.anchor,
-                                                  tickets=unused_input(tf.int64),
-                                                  table_name=table.table_name, is_train=False)
+                    rows = self._current_rows(table, keys)
                     values = _decayed(values, keys, rows, self.weight_decay)
                 if table.padding_keys:  # their rows are never updated
                     pads = tf.constant(table.padding_keys, tf.int64)
                     keep = tf.logical_not(tf.reduce_any(
                         tf.equal(keys[:, None], pads[None, :]), axis=1))
                     keys, values = tf.boolean_mask(keys, keep), tf.boolean_mask(values, keep)
+                if exchange.several_ranks():
+                    # every rank's rows of a key meet at its owner
+                    applies.append(exchange.sharded_apply(
+                        table.table_name, keys, values, lr, table.average_gradients))
+                    continue
                 # `trainable` and `tickets` are used only when a pipeline
                 # mode sets use_trainable / use_tickets (dynemb.graph.rewrite).
                 applies.append(_lib.ops.dynemb_apply(
@@ -156,6 +159,17 @@ class SparseOptimizer:
                 return tf.group(*applies)
             with tf.control_dependencies(applies):
                 return tf.compat.v1.assign_add(global_step, 1).op
+
+    @staticmethod
+    def _current_rows(table: Any, keys: tf.Tensor) -> tf.Tensor:
+        """The rows of `keys` as they are before this step's update."""
+        now = tf.constant(0, tf.int64)
+        if exchange.several_ranks():
+            return exchange.sharded_lookup(table.table_name, keys, now, table.anchor,
+                                           False, exchange.TRAIN_CHAIN)
+        return _lib.ops.dynemb_lookup(ids=keys, now=now, anchor=table.anchor,
+                                      tickets=unused_input(tf.int64),
+                                      table_name=table.table_name, is_train=False)
 
     def _bind_table(self, table: Any) -> None:
         """Makes this optimizer the table's: the engine takes its kind and

@@ -6,8 +6,8 @@ its ``mx_rec.util.tf_version_adapter.hccl_ops`` (the HCCL op module, whose
 
 The rank functions (dynemb._state, shared with ``dynemb.util.initialize``)
 answer from the MPI launch's world, or 0 of 1 for a process started alone.
-An all-reduce over one rank returns its input; over several it is not built
-yet and raises (each rank reducing alone would train apart, silently).
+An all-reduce over one rank returns its input; over several ranks it is a
+DynembAllreduce op (dynemb.core.exchange) in the graph's train chain.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from dynemb._state import get_local_rank_size, get_rank_id, get_rank_size, refuse_several_ranks
+from dynemb._state import get_local_rank_size, get_rank_id, get_rank_size
+from dynemb.core import exchange
 
 # HCCL's reductions, and the mean that scripts use for averaged gradients.
 # Over one rank each of them is the identity.
@@ -36,8 +37,11 @@ def allreduce(tensor: Any, reduction: str = "sum", fusion: int = 1, fusion_id: i
     HCCL scheduling hints, checked and without effect in one process. `group`
     must be the world group: dynemb creates no other.
 
-    Raises ValueError for an unknown reduction, fusion or group, RuntimeError
-    on more than one rank (not built yet).
+    On several ranks "sum" and "mean" reduce float32 tensors (an
+    IndexedSlices is made dense first) in rank order, so every rank gets the
+    same bits; "prod", "max" and "min" raise there (not built).
+
+    Raises ValueError for an unknown reduction, fusion or group.
     """
     if reduction not in REDUCTIONS:
         raise ValueError("allreduce(reduction=%r): unknown reduction; use one of %s"
@@ -50,7 +54,15 @@ def allreduce(tensor: Any, reduction: str = "sum", fusion: int = 1, fusion_id: i
     if group != WORLD_GROUP:
         raise ValueError("allreduce(group=%r): no such group; dynemb runs one process, "
                          "whose only group is %r" % (group, WORLD_GROUP))
-    refuse_several_ranks("allreduce")
+    if exchange.several_ranks():
+        if reduction not in ("sum", "mean"):
+            raise ValueError("allreduce(reduction=%r): on several ranks dynemb reduces with "
+                             "'sum' or 'mean'" % (reduction,))
+        t = tf.convert_to_tensor(tensor)  # (an IndexedSlices becomes dense)
+        if t.dtype != tf.float32:
+            raise TypeError("allreduce: on several ranks dynemb reduces float32 tensors, got "
+                            "%s; cast it with tf.cast(t, tf.float32)" % t.dtype.name)
+        return exchange.allreduce([t], reduction)[0]
     if isinstance(tensor, tf.IndexedSlices):
         return tensor
     return tf.identity(tensor)

@@ -1,0 +1,87 @@
+"""The graph's exchanges with the other ranks, and the order they run in.
+
+On several ranks (an MPI launch) each table is sharded: a rank's engine
+table holds the keys that ``dynemb_key_shard`` gives it, and lookups and
+gradient applies are ops of the sharded op library (tf/sharded_ops.c) that
+send keys, rows and gradients to their owners. Dense tensors are reduced by
+its ``DynembAllreduce``.
+
+Why a chain: every such op blocks one of TensorFlow's inter-op threads until
+every rank has joined its exchange, and TensorFlow may start the ops of a
+step in a different order on each rank. With fewer threads than exchange
+ops, two ranks could each wait in an exchange the other has not begun (this
+was measured: docs/distributed.md). So the exchange ops of a graph form
+chains: each op waits (a control dependency) for the one built before it in
+its chain, so every rank runs a chain's exchanges one at a time in the same
+order, whatever its threads and scheduling. Train lookups, gradient applies
+and dense all-reduces share the "train" chain (a train step runs them all);
+eval lookups form one chain per input iterator, so an eval step runs no
+train lookup and pulls no training batch.
+
+Consequences for scripts (docs/distributed.md): a step that fetches only
+some of a chain's ops also runs the ops built before them in that chain;
+two chains' exchanges should not run in one step (they could wait for each
+other, which ends in the exchange's timeout error, never in a hang).
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable, Sequence
+
+import tensorflow as tf
+
+from dynemb import _state
+
+TRAIN_CHAIN = "train"
+
+
+def several_ranks() -> bool:
+    """Whether this process is one of several ranks of an MPI launch."""
+    return _state.get_rank_size() > 1
+
+
+def _link(op: tf.Operation, chain: Hashable) -> None:
+    """Makes `op` the tail of `chain` in its graph, after the previous tail."""
+    st = _state.graph_state(op.graph)
+    tail = st.exchange_tails.get(chain)
+    if tail is not None:
+        op._add_control_input(tail)  # pylint: disable=protected-access
+    st.exchange_tails[chain] = op
+
+
+def sharded_lookup(table_name: str, ids: tf.Tensor, now: tf.Tensor, anchor: tf.Tensor,
+                   is_train: bool, chain: Hashable) -> tf.Tensor:
+    """Rows of `ids` (any shape) as [n, dim], each looked up (train: counted,
+    inserted, stamped with the latest `now` of all ranks) at its owner."""
+    out = _state.sharded_ops().dynemb_sharded_lookup(
+        ids=ids, now=now, anchor=anchor, table_name=table_name, is_train=bool(is_train),
+        channel=_state.next_exchange_channel(), ranks=_state.get_rank_size())
+    _link(out.op, chain)
+    return out
+
+
+def sharded_apply(table_name: str, keys: tf.Tensor, grads: tf.Tensor,
+                  learning_rate: tf.Tensor, average: bool) -> tf.Tensor:
+    """Applies every rank's (key, gradient row) pairs at the keys' owners, one
+    update per key with the rows summed over ranks (divided by the rank
+    count when `average`)."""
+    out = _state.sharded_ops().dynemb_sharded_apply(
+        keys=keys, grads=grads, learning_rate=learning_rate, table_name=table_name,
+        average=bool(average), channel=_state.next_exchange_channel(),
+        ranks=_state.get_rank_size())
+    _link(out.op, TRAIN_CHAIN)
+    return out
+
+
+def allreduce(tensors: Sequence[tf.Tensor], reduction: str = "sum",
+              chain: Hashable = TRAIN_CHAIN) -> list:
+    """float32 tensors reduced over all ranks ("sum", "mean", or "broadcast":
+    rank 0's values), in one exchange; every rank gets the same bits."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    out = _state.sharded_ops().dynemb_allreduce(
+        tensors=tensors, reduction=reduction, channel=_state.next_exchange_channel(),
+        ranks=_state.get_rank_size())
+    out = list(out)
+    for o, t in zip(out, tensors):
+        o.set_shape(t.shape)
+    _link(out[0].op, chain)
+    return out

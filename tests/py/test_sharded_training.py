@@ -1,0 +1,107 @@
+"""Tables sharded across ranks train as one process does: the same model
+(tests/py/mpi/train.py) run alone on the whole global batch, the reference,
+and under `mpirun -np N` (N = 2, 3) with each rank on its slice. Per sparse
+optimizer (SGD, Adagrad, lazy Adam, FTRL), with feature admission on one
+table: every step's global loss (the sum of the ranks' losses), every table
+row (the union of the ranks' rows, each key on exactly one rank, the rank
+dynemb_key_shard gives it), the dense variables (on every rank) and an eval
+lookup of every id after training equal the reference within 1e-5 relative.
+Checkpoints written midway (Saver) by 2, 3 and 1 ranks restore onto 3, 1 and
+2 ranks, and training from them ends equal to the uninterrupted reference.
+Each launch is bounded by a timeout."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parent / "mpi" / "train.py"
+SHARDED_LIB = ROOT / "build" / "tf" / "_dynemb_sharded_ops.so"
+STEPS, SAVE_AT = 6, 3
+
+pytestmark = pytest.mark.skipif(
+    not shutil.which("mpirun") or not SHARDED_LIB.is_file(),
+    reason="needs Open MPI's mpirun and build/tf/_dynemb_sharded_ops.so "
+           "(apt-get install openmpi-bin libopenmpi-dev; make ops)")
+
+
+def _run(n, results_dir, **env_more):
+    """Runs the model on n ranks (n = 1: alone), checkpointing into
+    results_dir/ckpt (SAVE_AT) or restoring from env_more's CKPT."""
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
+               TF_CPP_MIN_LOG_LEVEL="2", RESULTS=str(results_dir),
+               DYNEMB_EXCHANGE_TIMEOUT="60", CKPT=str(results_dir / "ckpt"))
+    env.update({k: str(v) for k, v in env_more.items()})
+    cmd = [sys.executable, str(SCRIPT), str(STEPS)]
+    if n > 1:
+        cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(n)] + cmd
+    p = subprocess.run(["timeout", "-k", "5", "150"] + cmd, cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return [json.loads((results_dir / ("%d.json" % r)).read_text()) for r in range(n)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The uninterrupted runs on 1 (the reference), 2 and 3 ranks, each
+    checkpointing after SAVE_AT steps: {n: (per-rank results, directory)}."""
+    out = {}
+    for n in (1, 2, 3):
+        d = tmp_path_factory.mktemp("ranks%d" % n)
+        out[n] = (_run(n, d, SAVE_AT=SAVE_AT), d)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(runs):
+    return runs[1][0][0]["results"]
+
+
+def _close(got, want, what):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, what
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7, err_msg=what)
+
+
+def _check(ranks, reference, first_step=0):
+    """The ranks' results equal the reference's (steps from first_step)."""
+    from dynemb import _lib
+    n = len(ranks)
+    for kind, want in reference.items():
+        got = [r["results"][kind] for r in ranks]
+        _close(np.sum([g["losses"] for g in got], axis=0), want["losses"][first_step:],
+               "%s: global loss per step" % kind)
+        for g in got:
+            for var, value in want["dense"].items():
+                _close(g["dense"][var], value, "%s: dense %s" % (kind, var))
+            for t, rows in enumerate(want["eval"]):
+                _close(g["eval"][t], rows, "%s: eval lookup of table %d" % (kind, t))
+        for table, rows in want["rows"].items():
+            merged = {}
+            for r, g in enumerate(got):
+                for key, row in g["rows"][table].items():
+                    assert _lib.clib.dynemb_key_shard(int(key), n) == r, (kind, table, key)
+                    merged[key] = row
+            assert sorted(merged) == sorted(rows), "%s: keys of %s" % (kind, table)
+            for key, row in rows.items():
+                _close(merged[key], row, "%s: row %s of %s" % (kind, key, table))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_n_ranks_train_as_one_process(n, runs, reference):
+    _check(runs[n][0], reference)
+
+
+@pytest.mark.parametrize("saved,restored", [(2, 3), (3, 1), (1, 2)])
+def test_checkpoints_restore_onto_any_rank_count(saved, restored, runs, reference, tmp_path):
+    written = runs[saved][1] / "ckpt"
+    parts = sorted(p.name for p in (written / "sgd").glob("sparse-model-%d/*" % SAVE_AT))
+    ranked = [p for p in parts if p.startswith("rank-")]
+    assert ranked == ["rank-%d-of-%d" % (r, saved) for r in range(saved) if saved > 1], parts
+    ranks = _run(restored, tmp_path, RESTORE_AT=SAVE_AT, CKPT=written)
+    _check(ranks, reference, first_step=SAVE_AT)
