@@ -1,8 +1,8 @@
 """Tables sharded across ranks train as one process does: the same model
 (tests/py/mpi/train.py) run alone on the whole global batch, the reference,
 and under `mpirun -np N` (N = 2, 3) with each rank on its slice. Per sparse
-optimizer (SGD, Adagrad, lazy Adam, FTRL), with feature admission on one
-table: every step's global loss (the sum of the ranks' losses), every table
+optimizer (SGD, Adagrad, lazy Adam, FTRL), with feature admission and
+eviction (EvictHook on every rank) on one table: every step's global loss (the sum of the ranks' losses), every table
 row (the union of the ranks' rows, each key on exactly one rank, the rank
 dynemb_key_shard gives it), the dense variables (on every rank) and an eval
 lookup of every id after training equal the reference within 1e-5 relative.
@@ -76,6 +76,7 @@ def _check(ranks, reference, first_step=0):
         got = [r["results"][kind] for r in ranks]
         _close(np.sum([g["losses"] for g in got], axis=0), want["losses"][first_step:],
                "%s: global loss per step" % kind)
+        assert want["evicted"] > 0 and sum(g["evicted"] for g in got) == want["evicted"], kind
         for g in got:
             for var, value in want["dense"].items():
                 _close(g["dense"][var], value, "%s: dense %s" % (kind, var))

@@ -44,7 +44,7 @@ lo, hi = rank * B // size, (rank + 1) * B // size
 rng = np.random.default_rng(7)
 data_a = rng.integers(0, VOCAB, size=(STEPS, B, 2))
 data_b = rng.integers(0, VOCAB, size=(STEPS, B, 1))
-data_c = rng.integers(0, VOCAB // 2, size=(STEPS, B, 3))
+data_c = rng.integers(0, VOCAB + VOCAB // 2, size=(STEPS, B, 3))
 labels = rng.integers(0, 2, size=(STEPS, B, 1)).astype(np.float32)
 # Feature d: one id per step for the whole batch, from table "solo": the
 # ranks that own no key of a step still count the step (lazy Adam).
@@ -77,7 +77,7 @@ def train(kind):
     # (admission on the table with one lookup: one process runs two train
     # lookups of a table in either order, which decides which occurrence of
     # an id is its admitting one)
-    admit = {"access_threshold": 2, "eviction_threshold": 0}
+    admit = {"access_threshold": 2, "eviction_threshold": 2}  # (global steps)
     ea = dynemb.sparse_lookup(user, a, name="a")
     eb = dynemb.sparse_lookup(user, b, name="b")
     ec = dynemb.sparse_lookup(item, c, name="c", access_and_evict_config=admit)
@@ -92,10 +92,14 @@ def train(kind):
     sparse_vars, dense_vars = [user.anchor, item.anchor, solo.anchor], [w, bias]
     grads = tf.gradients(loss, sparse_vars + dense_vars)
     dense_grads = [hccl_ops.allreduce(g, "sum") for g in grads[3:]]
+    global_step = tf.compat.v1.train.get_or_create_global_step()
     step = tf.group(
         OPTIMIZERS[kind]().apply_gradients(zip(grads[:3], sparse_vars)),
         tf.compat.v1.train.GradientDescentOptimizer(0.5).apply_gradients(
-            zip(dense_grads, dense_vars)))
+            zip(dense_grads, dense_vars), global_step=global_step))
+    # Rows of "item" not seen for 2 global steps go (each rank its own).
+    evict = dynemb.EvictHook(evict_enable=True, evict_time_interval=None)
+    evict.begin()
     every_id = tf.range(VOCAB, dtype=tf.int64)
     read = [dynemb.sparse_lookup(t, every_id, is_train=False, name="read")
             for t in (user, item, solo)]
@@ -113,6 +117,8 @@ def train(kind):
                     d: data_d[s, lo:hi], y: labels[s, lo:hi]}
             value, _ = sess.run([loss, step], feed)
             losses.append(float(value))
+            if s == 4:
+                evict.evict(sess)
         dense = {v.op.name: sess.run(v).tolist() for v in dense_vars}
         eval_rows = [r.tolist() for r in sess.run(read)]
     out_dir = os.path.join(os.environ["RESULTS"], "rows-%d" % rank)
@@ -123,7 +129,8 @@ def train(kind):
         keys = np.load(os.path.join(out_dir, t, "keys.npy"))
         values = np.load(os.path.join(out_dir, t, "embeddings.npy"))
         rows[t.split("_")[0]] = {str(int(k)): v.tolist() for k, v in zip(keys, values)}
-    return {"losses": losses, "dense": dense, "rows": rows, "eval": eval_rows}
+    return {"losses": losses, "dense": dense, "rows": rows, "eval": eval_rows,
+            "evicted": evict.evicted_total}
 
 
 results = {}
