@@ -48,6 +48,11 @@ DYNEMB_COMM_API int dynemb_comm_open(dynemb_comm **out, double timeout_s, char *
  * the op kernels of several ranks reach the world Python joined. */
 DYNEMB_COMM_API dynemb_comm *dynemb_comm_world(void);
 
+/* Ends every process of the job (MPI_Abort with `code`): what a rank does
+ * when it stops on an error, so that the others, which may be waiting for
+ * it, end at once instead of at their exchange's deadline. */
+DYNEMB_COMM_API void dynemb_comm_abort(dynemb_comm *c, int code);
+
 /* Ends the exchange; MPI is finalised if dynemb_comm_open initialised it. */
 DYNEMB_COMM_API void dynemb_comm_close(dynemb_comm *c);
 

@@ -143,6 +143,8 @@ void dynemb_comm_close(dynemb_comm *c) {
   if (owns) MPI_Finalize();
 }
 
+void dynemb_comm_abort(dynemb_comm *c, int code) { MPI_Abort(c->world, code); }
+
 int dynemb_comm_rank(const dynemb_comm *c) { return c->rank; }
 int dynemb_comm_size(const dynemb_comm *c) { return c->size; }
 int dynemb_comm_local_size(const dynemb_comm *c) { return c->local_size; }

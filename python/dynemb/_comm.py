@@ -15,6 +15,7 @@ import atexit
 import ctypes
 import ctypes.util
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -130,6 +131,21 @@ def world() -> World:
     if lib.dynemb_comm_open(ctypes.byref(handle), timeout, err, len(err)) != 0:
         raise RuntimeError("dynemb: joining the MPI launch failed: %s"
                            % err.value.decode(errors="replace"))
+    lib.dynemb_comm_abort.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.dynemb_comm_abort.restype = None
     _WORLD = World(lib, handle)
     atexit.register(_WORLD.close)
+    _abort_on_uncaught_exceptions(lib, handle)
     return _WORLD
+
+
+def _abort_on_uncaught_exceptions(lib: ctypes.CDLL, handle: ctypes.c_void_p) -> None:
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):  # type: ignore[no-untyped-def]
+        previous(kind, value, tb)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        lib.dynemb_comm_abort(handle, 1)
+
+    sys.excepthook = hook
