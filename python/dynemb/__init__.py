@@ -9,6 +9,8 @@ from dynemb.core.embedding import (EmbeddingTable, clear_tables, create_table, d
                                    sparse_lookup)
 from dynemb.core.checkpoint import (export_tables, patch_saver as _patch_saver, restore_tables,
                                     save_tables)
+from dynemb.core.data_parallel import (BroadcastGlobalVariablesHook, DistributedOptimizer,
+                                       broadcast_global_variables)
 from dynemb.core.asc.feature_spec import FeatureSpec
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
@@ -45,6 +47,7 @@ __all__ = [
     "clear_tables", "create_table", "drop_table", "ftrl", "get_dense_and_sparse_variable",
     "get_initializer", "get_rank_id", "get_rank_size", "get_use_dynamic_expansion", "gradient_descent",
     "init", "lazy_adam", "restore_tables", "save_tables", "export_tables", "set_if_load", "sparse_lookup",
-    "terminate",
+    "terminate", "BroadcastGlobalVariablesHook", "DistributedOptimizer",
+    "broadcast_global_variables",
     "terminate_config_initializer", "version", "warm_start", "WarmStartError",
 ]

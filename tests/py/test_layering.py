@@ -42,6 +42,7 @@ LAYERS = {
     # 3. Mechanisms built from them: lookups, the two prepared-lookup modes,
     #    eviction, warm start, sparse optimizers.
     "dynemb.core.lookup": 3,
+    "dynemb.core.data_parallel": 3,
     "dynemb.core.asc.lookups": 3,
     "dynemb.core.asc.insert": 3,
     "dynemb.core.eviction": 3,

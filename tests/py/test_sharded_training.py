@@ -30,19 +30,22 @@ pytestmark = pytest.mark.skipif(
            "(apt-get install openmpi-bin libopenmpi-dev; make ops)")
 
 
-def _run(n, results_dir, **env_more):
+def _run(n, results_dir, script=SCRIPT, **env_more):
     """Runs the model on n ranks (n = 1: alone), checkpointing into
     results_dir/ckpt (SAVE_AT) or restoring from env_more's CKPT."""
     env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
                TF_CPP_MIN_LOG_LEVEL="2", RESULTS=str(results_dir),
                DYNEMB_EXCHANGE_TIMEOUT="60", CKPT=str(results_dir / "ckpt"))
     env.update({k: str(v) for k, v in env_more.items()})
-    cmd = [sys.executable, str(SCRIPT), str(STEPS)]
+    cmd = [sys.executable, str(script), str(STEPS)]
     if n > 1:
         cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(n)] + cmd
     p = subprocess.run(["timeout", "-k", "5", "150"] + cmd, cwd=ROOT, env=env,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    if script != SCRIPT:
+        return [json.loads((results_dir / ("dense-%d.json" % r)).read_text())
+                for r in range(n)]
     return [json.loads((results_dir / ("%d.json" % r)).read_text()) for r in range(n)]
 
 
@@ -106,3 +109,22 @@ def test_checkpoints_restore_onto_any_rank_count(saved, restored, runs, referenc
     assert ranked == ["rank-%d-of-%d" % (r, saved) for r in range(saved) if saved > 1], parts
     ranks = _run(restored, tmp_path, RESTORE_AT=SAVE_AT, CKPT=written)
     _check(ranks, reference, first_step=SAVE_AT)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_dense_side_broadcast_and_distributed_optimizer(n, tmp_path):
+    """tests/py/mpi/dense.py: ranks that initialise their dense variables
+    differently start from rank 0's (BroadcastGlobalVariablesHook); with
+    DistributedOptimizer (averaged dense gradients) and
+    sum_gradients_and_div_by_ranksize, each rank's mean loss trains as one
+    process's mean over the global batch."""
+    script = SCRIPT.parent / "dense.py"
+    (tmp_path / "one").mkdir()
+    (tmp_path / "n").mkdir()
+    one = _run(1, tmp_path / "one", script)[0]
+    ranks = _run(n, tmp_path / "n", script)
+    for got in ranks:
+        for what in ("initial", "final", "rows"):
+            _close(got[what], one[what], what)
+    # (each rank's mean over an equal slice: their mean is the global mean)
+    _close(np.mean([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
