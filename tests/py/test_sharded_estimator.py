@@ -1,0 +1,55 @@
+"""Estimator train / evaluate / predict on several ranks with one model_dir
+(tests/py/mpi/estimator.py, with feature admission): 2 and 3 ranks end
+with the dense variable, the eval loss and every prediction (of ids that
+other ranks own, and ids never trained) of one process, within 1e-5
+relative; the checkpoints hold one part of the table per rank and the
+Saver's files once."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parent / "mpi" / "estimator.py"
+SHARDED_LIB = ROOT / "build" / "tf" / "_dynemb_sharded_ops.so"
+
+pytestmark = pytest.mark.skipif(
+    not shutil.which("mpirun") or not SHARDED_LIB.is_file(),
+    reason="needs Open MPI's mpirun and build/tf/_dynemb_sharded_ops.so "
+           "(apt-get install openmpi-bin libopenmpi-dev; make ops)")
+
+
+def _run(n, d):
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
+               TF_CPP_MIN_LOG_LEVEL="2", RESULTS=str(d), DYNEMB_EXCHANGE_TIMEOUT="60")
+    cmd = [sys.executable, str(SCRIPT), str(d / "model")]
+    if n > 1:
+        cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(n)] + cmd
+    p = subprocess.run(["timeout", "-k", "5", "200"] + cmd, cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return [json.loads((d / ("est-%d.json" % r)).read_text()) for r in range(n)]
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    return _run(1, tmp_path_factory.mktemp("one"))[0]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_estimator_on_n_ranks_equals_one_process(n, one, tmp_path):
+    for r, got in enumerate(_run(n, tmp_path)):
+        assert got["step"] == one["step"] == 6
+        for what in ("loss", "w", "logits"):
+            np.testing.assert_allclose(got[what], one[what], rtol=1e-5, atol=1e-7,
+                                       err_msg="rank %d: %s" % (r, what))
+        # the Saver's files, once (event files are named by their time)
+        assert [f for f in got["checkpoints"] if "tfevents" not in f] == \
+            [f for f in one["checkpoints"] if "tfevents" not in f]
+    parts = sorted(os.listdir(tmp_path / "model" / "sparse-model.ckpt-6"))
+    assert parts == ["rank-%d-of-%d" % (r, n) for r in range(n)]
