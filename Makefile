@@ -18,7 +18,8 @@
 #                   TensorFlow 2.19.1 with the SAME op library binary
 #                   (`make test TF_COMPAT=0` skips that second run;
 #                   docs/tensorflow-versions.md)
-#   make demo       venv + build + the Criteo training demo
+#   make demo       venv + build + the Criteo training demo (RANKS=2: on
+#                   two ranks under mpirun)
 #   make bench      engine benchmark (JSON); bench-ssd, bench-step, bench-tf
 #                   and probe-limit: the other benchmarks, each building what
 #                   it needs (BENCHMARKS.md); `make all` builds none of them
@@ -244,8 +245,12 @@ test: all c-tests $(if $(HAVE_MPICC),$(COMM_LIB))
 	@if [ "$(TF_COMPAT)" != 0 ]; then $(MAKE) --no-print-directory compat-venv; fi
 	@TF_COMPAT=$(TF_COMPAT) TF_COMPAT_VENV=$(COMPAT_VENV) bash tests/run_all.sh all
 
+# RANKS=N runs it on N ranks under mpirun (docs/distributed.md).
+RANKS  ?= 1
+MPIRUN ?= mpirun --oversubscribe --mca btl_vader_single_copy_mechanism none \
+          $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 demo: all install-py
-	$(VPY) examples/criteo_demo.py
+	$(if $(filter-out 1,$(RANKS)),$(MPIRUN) -np $(RANKS) )$(VPY) examples/criteo_demo.py
 
 demo-estimator: all install-py
 	$(VPY) examples/criteo_estimator.py

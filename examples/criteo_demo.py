@@ -15,6 +15,14 @@ input pipelines so that each batch's ids reach the engine ahead of the step, and
 ``sess.run(get_initializer(True/False))`` starts the train / eval pipelines.
 Data: the first 10,000 lines of the Criteo Display Advertising Challenge training
 set (published by Criteo for non-commercial research); the last 20 % is held out.
+
+Several ranks (``make demo RANKS=2``, i.e. ``mpirun -np 2 .venv/bin/python
+examples/criteo_demo.py``): the tables are sharded across the ranks, and each
+rank reads its slice of every global batch (the same global batches as one
+process). The lookups are plain ones there (automatic graph modification is
+one process's only, so far), the dense gradients are summed over ranks, every
+rank starts from rank 0's dense variables, and rank 0 prints the progress and
+the held-out AUC of all ranks' predictions (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -71,6 +79,18 @@ def progress(epoch: int, epochs: int, step: int, steps: int, loss: float, rate: 
         print(line, flush=True)
 
 
+def rank_slice(rank: int, ranks: int):
+    """A dataset map: this rank's slice of each global batch, [r*n/N, (r+1)*n/N),
+    with the global batch's size in features["global_rows"] (for the loss)."""
+    def take(features, label):
+        rows = tf.shape(label, out_type=tf.int64)[0]
+        lo, hi = rows * rank // ranks, rows * (rank + 1) // ranks
+        out = {k: v[lo:hi] for k, v in features.items()}
+        out["global_rows"] = rows
+        return out, label[lo:hi]
+    return take
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -83,11 +103,14 @@ def main(argv=None) -> int:
     tf.compat.v1.disable_eager_execution()
     tf.compat.v1.set_random_seed(args.seed)
     dynemb.init(use_dynamic_expansion=True)
+    rank, ranks = dynemb.get_rank_id(), dynemb.get_rank_size()
+    say = print if rank == 0 else (lambda *a, **k: None)
 
-    train_it = tf.compat.v1.data.make_initializable_iterator(
-        criteo_data.make_dataset("train", args.batch_size, path, shuffle_seed=args.seed))
-    eval_it = tf.compat.v1.data.make_initializable_iterator(
-        criteo_data.make_dataset("eval", args.batch_size, path))
+    datasets = [criteo_data.make_dataset("train", args.batch_size, path, shuffle_seed=args.seed),
+                criteo_data.make_dataset("eval", args.batch_size, path)]
+    if ranks > 1:
+        datasets = [ds.map(rank_slice(rank, ranks)) for ds in datasets]
+    train_it, eval_it = (tf.compat.v1.data.make_initializable_iterator(ds) for ds in datasets)
     train_x, train_y = train_it.get_next()
     eval_x, eval_y = eval_it.get_next()
 
@@ -96,20 +119,29 @@ def main(argv=None) -> int:
                                               args.ssd_dir, args.memory_rows)
     access_cfg = {"access_threshold": args.access_threshold, "eviction_threshold": 0}
 
-    _, loss = build_model(train_x, train_y, tables, wide, True, access_cfg, args.seed)
-    eval_pred, _ = build_model(eval_x, eval_y, tables, wide, False, access_cfg, args.seed)
+    modify = ranks == 1
+    _, loss = build_model(train_x, train_y, tables, wide, True, access_cfg, args.seed, modify)
+    eval_pred, _ = build_model(eval_x, eval_y, tables, wide, False, access_cfg, args.seed,
+                               modify)
     train_op = criteo_model.train_op(loss, sparse_opt)
 
-    modify_graph_and_start_emb_cache()
+    if modify:
+        modify_graph_and_start_emb_cache()
+        start_train, start_eval = get_initializer(True), get_initializer(False)
+    else:
+        start_train, start_eval = train_it.initializer, eval_it.initializer
+    same_start = dynemb.broadcast_global_variables()  # (rank 0's; a no-op alone)
 
-    print(f"Criteo: {n_train} train / {n_eval} held-out rows from {path}")
-    print(f"model: Wide&Deep, {len(tables)} deep tables (dim {args.dim}) + wide table, "
-          f"admission after {args.access_threshold} sightings")
+    say(f"Criteo: {n_train} train / {n_eval} held-out rows from {path}"
+        + (f", on {ranks} ranks (each a slice of every batch)" if ranks > 1 else ""))
+    say(f"model: Wide&Deep, {len(tables)} deep tables (dim {args.dim}) + wide table, "
+        f"admission after {args.access_threshold} sightings")
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(same_start)
         t_all, seen = time.time(), 0
         for epoch in range(1, args.epochs + 1):
-            sess.run(get_initializer(True))
+            sess.run(start_train)
             t0, n, step, losses = time.time(), 0, 0, []
             while True:
                 try:
@@ -119,10 +151,11 @@ def main(argv=None) -> int:
                 step += 1
                 losses.append(lv)
                 n += min(args.batch_size, n_train - (step - 1) * args.batch_size)
-                progress(epoch, args.epochs, step, steps, float(np.mean(losses[-10:])),
-                         n / (time.time() - t0))
+                if rank == 0:  # (n, the loss: the global batch's; the ranks' loss summed)
+                    progress(epoch, args.epochs, step, steps,
+                             float(np.mean(losses[-10:])) * ranks, n / (time.time() - t0))
             seen += n
-            sess.run(get_initializer(False))
+            sess.run(start_eval)
             preds = []
             while True:
                 try:
@@ -131,21 +164,30 @@ def main(argv=None) -> int:
                     break
             p = np.concatenate([a for a, _ in preds])
             y = np.concatenate([b for _, b in preds])
-            print(f"epoch {epoch}: train loss {np.mean(losses):.4f}  held-out AUC "
-                  f"{auc(y, p):.4f}  logloss {criteo_model.logloss(y, p):.4f}")
+            # every rank's held-out predictions (one process: its own)
+            parts = dynemb.allgather_object((p, y, float(np.mean(losses))))
+            p = np.concatenate([a for a, _, _ in parts])
+            y = np.concatenate([b for _, b, _ in parts])
+            train_loss = sum(lv for _, _, lv in parts)
+            say(f"epoch {epoch}: train loss {train_loss:.4f}  held-out AUC "
+                f"{auc(y, p):.4f}  logloss {criteo_model.logloss(y, p):.4f}")
         elapsed = time.time() - t_all
-    sizes = {name: t.size() for name, t in tables.items()}
+    # (several ranks: each holds a shard; the figures are summed over ranks)
+    sizes = {name: sum(dynemb.allgather_object(t.size())) for name, t in tables.items()}
     biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
-    print(f"trained {seen} samples in {elapsed:.1f} s ({seen / elapsed:,.0f} samples/s incl. "
-          f"evaluation)")
-    print(f"table rows: deep total {sum(sizes.values()):,} (largest: "
-          + ", ".join(f"{k} {v:,}" for k, v in biggest) + f"), wide {wide.size():,}")
-    stats = wide.stats()
-    print(f"wide table: {stats['rejected']:,} sightings read the default value before "
-          f"admission, {stats['candidates']:,} ids still waiting for admission")
+    wide_stats = dynemb.allgather_object(wide.stats())
+    say(f"trained {seen} samples in {elapsed:.1f} s ({seen / elapsed:,.0f} samples/s incl. "
+        f"evaluation{f', {ranks} ranks' if ranks > 1 else ''})")
+    say(f"table rows: deep total {sum(sizes.values()):,} (largest: "
+        + ", ".join(f"{k} {v:,}" for k, v in biggest)
+        + f"), wide {sum(s['size'] for s in wide_stats):,}")
+    say(f"wide table: {sum(s['rejected'] for s in wide_stats):,} sightings read the default "
+        f"value before admission, {sum(s['candidates'] for s in wide_stats):,} ids still "
+        f"waiting for admission")
     if args.ssd_dir is not None:
         all_stats = [t.stats() for t in list(tables.values()) + [wide]]
-        print(f"SSD tier ({args.ssd_dir}): {sum(s['host_rows'] for s in all_stats):,} rows in "
+        where = args.ssd_dir if ranks == 1 else f"{args.ssd_dir}, rank {rank}"
+        print(f"SSD tier ({where}): {sum(s['host_rows'] for s in all_stats):,} rows in "
               f"memory, {sum(s['ssd_rows'] for s in all_stats):,} on SSD; "
               f"{sum(s['ssd_reads'] for s in all_stats):,} rows read from and "
               f"{sum(s['ssd_writes'] for s in all_stats):,} written to the files")

@@ -47,20 +47,26 @@ def create_tables(dim: int, seed: int, sparse_opt: Any, ssd_dir: Optional[str] =
 
 def build_model(features: Dict[str, tf.Tensor], label: Optional[tf.Tensor], tables: Tables,
                 wide: Any, is_train: bool, access_cfg: Optional[dict],
-                seed: int) -> Tuple[tf.Tensor, Optional[tf.Tensor]]:
+                seed: int, modify_graph: bool = True) -> Tuple[tf.Tensor, Optional[tf.Tensor]]:
     """Wide & Deep probabilities and loss (None without a label) for one batch;
-    the dense variables are shared between calls in one graph."""
+    the dense variables are shared between calls in one graph. The loss is
+    the batch's mean, or with features["global_rows"] (several ranks, each
+    on a slice of the global batch) the slice's sum divided by the global
+    batch's rows: summed over ranks, the global batch's mean.
+    modify_graph=False: plain lookups (on several ranks)."""
     deep = []
     for name in criteo_data.CAT_NAMES:
         emb = dynemb.sparse_lookup(tables[name], features[name], is_train=is_train,
-                                   modify_graph=True, access_and_evict_config=access_cfg,
+                                   modify_graph=modify_graph,
+                                   access_and_evict_config=access_cfg,
                                    name=f"{name}_lookup")
         deep.append(emb)
     # The wide table is shared by all fields: a field-aware id keeps the fields
     # apart (the raw ids are < 2^33, the field index goes above).
     field_ids = tf.stack([features[name] + (i << 33)
                           for i, name in enumerate(criteo_data.CAT_NAMES)], axis=1)
-    wide_w = dynemb.sparse_lookup(wide, field_ids, is_train=is_train, modify_graph=True,
+    wide_w = dynemb.sparse_lookup(wide, field_ids, is_train=is_train,
+                                  modify_graph=modify_graph,
                                   access_and_evict_config=access_cfg, name="wide_lookup")
     with tf.compat.v1.variable_scope("dense", reuse=tf.compat.v1.AUTO_REUSE):
         x = tf.concat(deep + [features["dense"]], axis=1)
@@ -76,20 +82,27 @@ def build_model(features: Dict[str, tf.Tensor], label: Optional[tf.Tensor], tabl
     logits = deep_logit + dense_w + tf.reduce_sum(wide_w, axis=[1, 2])
     loss = None
     if label is not None:
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label,
-                                                                      logits=logits))
+        per_row = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
+        if "global_rows" in features:
+            loss = tf.reduce_sum(per_row) / tf.cast(features["global_rows"], tf.float32)
+        else:
+            loss = tf.reduce_mean(per_row)
     return tf.sigmoid(logits), loss
 
 
 def train_op(loss: tf.Tensor, sparse_opt: Any,
              global_step: Optional[tf.Tensor] = None) -> tf.Operation:
     """Adam on the dense variables, the tables' sparse optimizer on the embeddings
-    (one backward pass for both); increments `global_step` when given."""
+    (one backward pass for both); increments `global_step` when given. On
+    several ranks the dense gradients are summed over ranks (the loss is
+    then each rank's share of the global batch's mean) and the tables'
+    are summed at each row's owner."""
     dense_vars, sparse_vars = dynemb.get_dense_and_sparse_variable()
     grads = tf.gradients(loss, dense_vars + sparse_vars)
+    dense_grads = dynemb.allreduce_gradients(grads[:len(dense_vars)], average=False)
     return tf.group(
         tf.compat.v1.train.AdamOptimizer(1e-3).apply_gradients(
-            zip(grads[:len(dense_vars)], dense_vars)),
+            zip(dense_grads, dense_vars)),
         sparse_opt.apply_gradients(zip(grads[len(dense_vars):], sparse_vars),
                                    global_step=global_step))
 

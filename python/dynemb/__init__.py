@@ -10,6 +10,7 @@ from dynemb.core.embedding import (EmbeddingTable, clear_tables, create_table, d
 from dynemb.core.checkpoint import (export_tables, patch_saver as _patch_saver, restore_tables,
                                     save_tables)
 from dynemb.core.data_parallel import (BroadcastGlobalVariablesHook, DistributedOptimizer,
+                                       allgather_object, allreduce_gradients,
                                        broadcast_global_variables)
 from dynemb.core.asc.feature_spec import FeatureSpec
 from dynemb.core.asc.helper import get_asc_insert_func
@@ -48,6 +49,6 @@ __all__ = [
     "get_initializer", "get_rank_id", "get_rank_size", "get_use_dynamic_expansion", "gradient_descent",
     "init", "lazy_adam", "restore_tables", "save_tables", "export_tables", "set_if_load", "sparse_lookup",
     "terminate", "BroadcastGlobalVariablesHook", "DistributedOptimizer",
-    "broadcast_global_variables",
+    "broadcast_global_variables", "allgather_object", "allreduce_gradients",
     "terminate_config_initializer", "version", "warm_start", "WarmStartError",
 ]

@@ -82,6 +82,7 @@ class GraphState:
         # On several ranks: the latest exchange op of each chain
         # (dynemb.core.exchange), which the next one waits for.
         self.exchange_tails: dict[Any, Any] = {}
+        self.exchange_chain_of: dict[str, Any] = {}  # exchange op name -> its chain
 
 
 @dataclass
@@ -537,6 +538,7 @@ def get_local_rank_size() -> int:
 # exchanges (graph construction time), the rest belong to graph ops.
 CONFIG_CHANNEL = 1  # create_table's check that every rank asks for the same table
 CHECKPOINT_CHANNEL = 2  # save_tables / Saver.save: every rank's part is written
+OBJECT_CHANNEL = 3  # allgather_object
 FIRST_GRAPH_CHANNEL = 16
 _next_channel = [FIRST_GRAPH_CHANNEL]
 

@@ -14,11 +14,17 @@ everywhere. Two things keep it so, as in Horovod:
   gradients of dynemb's sparse variables (tables) pass through unchanged:
   their rows are already summed at the rows' owners (DynembShardedApply).
 
+``allreduce_gradients(grads)`` is that reduction for scripts that take
+their gradients with tf.gradients, and ``allgather_object(obj)`` gathers a
+Python object from every rank (metrics computed from each rank's
+predictions, for example).
+
 On one process all of it is the identity: scripts need no branch.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import pickle
+from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 
@@ -48,6 +54,38 @@ def broadcast_global_variables(root_rank: int = 0) -> tf.Operation:
                                 chain=BROADCAST_CHAIN)
     return tf.group(*[v.assign(x) for v, x in zip(variables, values)],
                     name="broadcast_global_variables")
+
+
+def allreduce_gradients(grads: Sequence[Any], average: bool = True) -> list:
+    """Dense gradients (tensors or IndexedSlices, None kept) reduced over
+    ranks in one all-reduce: their mean, or their sum (`average`=False,
+    for losses divided by the global batch size). The identity on one
+    process."""
+    if not exchange.several_ranks():
+        return list(grads)
+    at = [i for i, g in enumerate(grads) if g is not None]
+    if not at:
+        return list(grads)
+    dense = []
+    for i in at:
+        g = tf.convert_to_tensor(grads[i])  # (IndexedSlices become dense)
+        if g.dtype != tf.float32:
+            raise TypeError("allreduce_gradients: gradient %d is %s; dynemb reduces float32 "
+                            "gradients" % (i, g.dtype.name))
+        dense.append(g)
+    out = list(grads)
+    for i, g in zip(at, exchange.allreduce(dense, "mean" if average else "sum")):
+        out[i] = g
+    return out
+
+
+def allgather_object(obj: Any) -> list:
+    """`obj` (anything pickle can write) from every rank, in rank order;
+    every rank calls it at the same point. [obj] on one process."""
+    if not exchange.several_ranks():
+        return [obj]
+    w = _state._world()  # pylint: disable=protected-access
+    return [pickle.loads(b) for b in w.allgather(_state.OBJECT_CHANNEL, pickle.dumps(obj))]
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
@@ -86,17 +124,7 @@ class DistributedOptimizer(tf.compat.v1.train.Optimizer):
             return pairs
         dense = [i for i, (g, v) in enumerate(pairs)
                  if g is not None and not _is_sparse_variable(v)]
-        if not dense:
-            return pairs
-        grads = []
-        for i in dense:
-            g = tf.convert_to_tensor(pairs[i][0])  # (IndexedSlices become dense)
-            if g.dtype != tf.float32:
-                raise TypeError("DistributedOptimizer: the gradient of %s is %s; dynemb "
-                                "reduces float32 gradients" % (pairs[i][1].name,
-                                                              g.dtype.name))
-            grads.append(g)
-        reduced = exchange.allreduce(grads, "mean" if self._average else "sum")
+        reduced = allreduce_gradients([pairs[i][0] for i in dense], self._average)
         out = list(pairs)
         for i, g in zip(dense, reduced):
             out[i] = (g, pairs[i][1])

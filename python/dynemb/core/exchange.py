@@ -16,7 +16,8 @@ its chain, so every rank runs a chain's exchanges one at a time in the same
 order, whatever its threads and scheduling. Train lookups, gradient applies
 and dense all-reduces share the "train" chain (a train step runs them all);
 eval lookups form one chain per input iterator, so an eval step runs no
-train lookup and pulls no training batch.
+train lookup and pulls no training batch; an all-reduce joins the chain of
+the exchanges its input comes from (the train chain when none).
 
 Consequences for scripts (docs/distributed.md): a step that fetches only
 some of a chain's ops also runs the ops built before them in that chain;
@@ -25,7 +26,7 @@ other, which ends in the exchange's timeout error, never in a hang).
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from typing import Hashable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -46,6 +47,28 @@ def _link(op: tf.Operation, chain: Hashable) -> None:
     if tail is not None:
         op._add_control_input(tail)  # pylint: disable=protected-access
     st.exchange_tails[chain] = op
+    st.exchange_chain_of[op.name] = chain
+
+
+def chain_of_inputs(tensors: Sequence[tf.Tensor], limit: int = 100_000) -> Hashable:
+    """The chain of the latest exchange op the tensors are computed from (an
+    all-reduce of eval metrics joins its eval lookups' chain), or the train
+    chain when there is none."""
+    if not tensors:
+        return TRAIN_CHAIN
+    chains = _state.graph_state(tensors[0].graph).exchange_chain_of
+    seen, stack, found = set(), [t.op for t in tensors], {}
+    while stack and len(seen) < limit:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.name in chains:
+            found[op._id] = chains[op.name]  # pylint: disable=protected-access
+            continue  # (what it waits for is in its own chain)
+        stack.extend(i.op for i in op.inputs)
+        stack.extend(op.control_inputs)
+    return found[max(found)] if found else TRAIN_CHAIN
 
 
 def sharded_lookup(table_name: str, ids: tf.Tensor, now: tf.Tensor, anchor: tf.Tensor,
@@ -73,10 +96,13 @@ def sharded_apply(table_name: str, keys: tf.Tensor, grads: tf.Tensor,
 
 
 def allreduce(tensors: Sequence[tf.Tensor], reduction: str = "sum",
-              chain: Hashable = TRAIN_CHAIN) -> list:
+              chain: Optional[Hashable] = None) -> list:
     """float32 tensors reduced over all ranks ("sum", "mean", or "broadcast":
-    rank 0's values), in one exchange; every rank gets the same bits."""
+    rank 0's values), in one exchange; every rank gets the same bits. The
+    chain defaults to that of the exchanges the tensors come from."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if chain is None:
+        chain = chain_of_inputs(tensors)
     out = _state.sharded_ops().dynemb_allreduce(
         tensors=tensors, reduction=reduction, channel=_state.next_exchange_channel(),
         ranks=_state.get_rank_size())
