@@ -31,6 +31,7 @@ from typing import Hashable, Optional, Sequence
 import tensorflow as tf
 
 from dynemb import _state
+from dynemb.graph.trace import ancestors
 
 TRAIN_CHAIN = "train"
 
@@ -57,17 +58,10 @@ def chain_of_inputs(tensors: Sequence[tf.Tensor], limit: int = 100_000) -> Hasha
     if not tensors:
         return TRAIN_CHAIN
     chains = _state.graph_state(tensors[0].graph).exchange_chain_of
-    seen, stack, found = set(), [t.op for t in tensors], {}
-    while stack and len(seen) < limit:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.name in chains:
-            found[op._id] = chains[op.name]  # pylint: disable=protected-access
-            continue  # (what it waits for is in its own chain)
-        stack.extend(i.op for i in op.inputs)
-        stack.extend(op.control_inputs)
+    found = {op._id: chains[op.name]  # pylint: disable=protected-access
+             for op in ancestors([t.op for t in tensors], lambda o: o.name in chains,
+                                 control=True)
+             if op.name in chains}  # (what an exchange op waits for is in its chain)
     return found[max(found)] if found else TRAIN_CHAIN
 
 

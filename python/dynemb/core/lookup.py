@@ -27,7 +27,7 @@ from dynemb.core.asc.spec import FeatureSpec
 from dynemb.core.tables import (EmbeddingTable, no_longer_registered, op_name,
                                 require_graph_mode, set_default_value)
 from dynemb.graph.rewrite import guard_lookup, input_of
-from dynemb.graph.trace import GET_NEXT_TYPES
+from dynemb.graph.trace import GET_NEXT_TYPES, ancestors
 from dynemb.util.log import logger
 
 
@@ -94,19 +94,10 @@ def wall_time() -> tf.Tensor:
     return tf.cast(tf.timestamp(), tf.int64)
 
 
-def _iterators_of(t: tf.Tensor, limit: int = 100_000) -> set:
+def _iterators_of(t: tf.Tensor) -> set:
     """Names of the iterator ``get_next`` ops in `t`'s data ancestry."""
-    found, seen, stack = set(), set(), [t.op]
-    while stack and len(seen) < limit:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if op.type in GET_NEXT_TYPES:
-            found.add(op.name)
-            continue
-        stack.extend(i.op for i in op.inputs)
-    return found
+    return {op.name for op in ancestors([t.op], lambda o: o.type in GET_NEXT_TYPES)
+            if op.type in GET_NEXT_TYPES}
 
 
 def _batch_timestamp(ids: tf.Tensor) -> Optional[tf.Tensor]:

@@ -16,7 +16,7 @@ values than in the step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import tensorflow as tf
 
@@ -53,6 +53,27 @@ class Trace:
 
 def _describe(op: tf.Operation) -> str:
     return f"{op.type} op '{op.name}'"
+
+
+def ancestors(ops: Iterable[tf.Operation], stop: Callable[[tf.Operation], bool],
+              control: bool = False, limit: int = 100_000) -> Iterator[tf.Operation]:
+    """The ops that `ops` are computed from (themselves included, through
+    data inputs and, with `control`, control inputs), each once; an op for
+    which `stop` is true is yielded but not walked past. At most `limit`
+    ops (graphs can be huge)."""
+    seen: set = set()
+    stack = list(ops)
+    while stack and len(seen) < limit:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        yield op
+        if stop(op):
+            continue
+        stack.extend(i.op for i in op.inputs)
+        if control:
+            stack.extend(op.control_inputs)
 
 
 def walk(tensor: tf.Tensor):
