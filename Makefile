@@ -20,8 +20,8 @@
 #                   docs/tensorflow-versions.md)
 #   make demo       venv + build + the Criteo training demo (RANKS=2: on
 #                   two ranks under mpirun)
-#   make bench      engine benchmark (JSON); bench-ssd, bench-step, bench-tf
-#                   and probe-limit: the other benchmarks, each building what
+#   make bench      engine benchmark (JSON); bench-ssd, bench-step, bench-tf,
+#                   bench-ranks and probe-limit: the other benchmarks, each building what
 #                   it needs (BENCHMARKS.md); `make all` builds none of them
 
 CC       ?= cc
@@ -323,3 +323,9 @@ bench-tf: all install-py $(ENGINE_LEFT_OUT_LIB)
 	$(VPY) bench/tf_train.py --json
 
 .PHONY: bench-tf
+
+# Several ranks against one process: step time, bytes per rank and step, and
+# the link's bounds (bench/ranks.py; needs Open MPI).
+bench-ranks: all install-py
+	$(VPY) bench/ranks.py --ranks $(if $(filter-out 1,$(RANKS)),$(RANKS),2) --json
+.PHONY: bench-ranks

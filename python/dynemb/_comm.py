@@ -73,6 +73,10 @@ class World:
         finally:
             _libc_free(recv)
 
+    def bytes_sent(self) -> int:
+        """Payload bytes this rank has sent to other ranks (benchmarks)."""
+        return int(self._lib.dynemb_comm_bytes_sent(self._handle))
+
     def close(self) -> None:
         if self._handle:
             self._lib.dynemb_comm_close(self._handle)
@@ -124,6 +128,8 @@ def world() -> World:
         ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t), ctypes.c_char_p,
         ctypes.c_size_t]
     lib.dynemb_comm_alltoallv.restype = ctypes.c_int
+    lib.dynemb_comm_bytes_sent.argtypes = [ctypes.c_void_p]
+    lib.dynemb_comm_bytes_sent.restype = ctypes.c_uint64
     lib.dynemb_comm_close.argtypes = [ctypes.c_void_p]
     lib.dynemb_comm_close.restype = None
     handle = ctypes.c_void_p()

@@ -41,6 +41,7 @@ def one(tmp_path_factory):
     return _run(1, tmp_path_factory.mktemp("one"))[0]
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("n", [2, 3])
 def test_estimator_on_n_ranks_equals_one_process(n, one, tmp_path):
     for r, got in enumerate(_run(n, tmp_path)):

@@ -1,0 +1,197 @@
+"""What several ranks cost and exchange per step: the same training on 1 and N ranks.
+
+    make bench-ranks RANKS=2        # or: .venv/bin/python bench/ranks.py --ranks 2 --json
+
+A synthetic model sized like one CTR model's step: --tables tables of width --dim,
+each looked up by one feature of --ids-per-row ids per example (ids uniform over
+--vocab), an MLP 64-1 on the concatenated rows, Adagrad on the tables and SGD on
+the dense weights (summed in one all-reduce on several ranks). The global batch is
+--batch examples; on N ranks each rank trains on its slice (batch / N), so both runs
+do the same training. Each run is a fresh process (or mpirun job) that builds the
+model, runs --warmup untimed steps, then --steps timed ones.
+
+Reported (the last stdout line is one JSON object with --json):
+  step_ms_1, step_ms_N    median wall time per step (one process; the slowest
+                          rank on N ranks);
+  samples_per_s_1, _N     global samples per second, and their ratio `speedup`
+                          (on one machine the N ranks share its cores: below 1 on a
+                          2-core machine is expected; the figure is the exchange's
+                          cost, not a scaling claim);
+  bytes_per_rank_step     payload bytes each rank sent to other ranks per step
+                          (measured by the exchange's own counter), and
+  bytes_model             the same from the model's shapes (keys out, rows back,
+                          gradient rows out, the dense all-reduce), which the
+                          scale-out projection in docs/distributed.md uses;
+  exchanges_per_step      all-to-all exchanges per step (a lookup: 2, an apply:
+                          1, the dense all-reduce: 2);
+  link_bytes_per_s        all-to-all throughput of this machine's link between
+                          ranks for 8 MiB parts (the bound for the volume above),
+  empty_exchange_us       the latency of one exchange that carries nothing (the
+                          bound for the step's exchange count).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--tables", type=int, default=8)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--ids-per-row", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=1_000_000)
+    p.add_argument("--batch", type=int, default=2048, help="global batch (examples)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # results dir
+    return p.parse_args(argv)
+
+
+def worker(a: argparse.Namespace) -> None:
+    """One process of a run: trains and writes <dir>/<rank>.json."""
+    import numpy as np
+    import tensorflow as tf
+
+    import dynemb
+    from dynemb import _state
+    tf.compat.v1.disable_eager_execution()
+    dynemb.init()
+    rank, size = dynemb.get_rank_id(), dynemb.get_rank_size()
+    local = a.batch // size
+    rng = np.random.default_rng(rank + 1)
+    batches = [rng.integers(0, a.vocab, size=(local, a.tables, a.ids_per_row))
+               for _ in range(8)]
+    labels = rng.integers(0, 2, size=(local, 1)).astype(np.float32)
+    ids = tf.compat.v1.placeholder(tf.int64, [local, a.tables, a.ids_per_row])
+    opt = dynemb.optimizers.adagrad.create_hash_optimizer(0.05, 0.1)
+    rows = []
+    for t in range(a.tables):
+        table = dynemb.create_table(tf.int64, a.dim, "t%d" % t,
+                                    tf.compat.v1.random_uniform_initializer(-0.05, 0.05))
+        rows.append(tf.reshape(dynemb.sparse_lookup(table, ids[:, t, :], name="f%d" % t),
+                               [local, a.ids_per_row * a.dim]))
+    x = tf.concat(rows, axis=1)
+    hidden = tf.compat.v1.layers.dense(x, 64, activation=tf.nn.relu)
+    logits = tf.compat.v1.layers.dense(hidden, 1)
+    loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=labels, logits=logits)) / a.batch
+    dense, sparse = dynemb.get_dense_and_sparse_variable()
+    grads = tf.gradients(loss, dense + sparse)
+    step = tf.group(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+            zip(dynemb.allreduce_gradients(grads[:len(dense)], average=False), dense)),
+        opt.apply_gradients(zip(grads[len(dense):], sparse)))
+    # all-to-all exchanges per step: a lookup's two (keys, rows), an apply's
+    # one, an all-reduce's two (reduce-scatter, all-gather)
+    per_op = {"DynembShardedLookup": 2, "DynembShardedApply": 1, "DynembAllreduce": 2}
+    exchanges = sum(per_op.get(op.type, 0)
+                    for op in tf.compat.v1.get_default_graph().get_operations())
+    dense_floats = sum(int(np.prod(v.shape)) for v in dense)
+    world = _state._world() if size > 1 else None  # pylint: disable=protected-access
+    times = []
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for s in range(a.warmup):
+            sess.run(step, {ids: batches[s % len(batches)]})
+        sent0 = world.bytes_sent() if world else 0
+        for s in range(a.steps):
+            t0 = time.perf_counter()
+            sess.run(step, {ids: batches[s % len(batches)]})
+            times.append(time.perf_counter() - t0)
+        sent = (world.bytes_sent() - sent0) if world else 0
+    out = {"rank": rank, "size": size, "times": times, "bytes_per_step": sent / a.steps,
+           "exchanges_per_step": exchanges, "dense_floats": dense_floats}
+    if world:
+        out.update(_link(world))
+    with open(os.path.join(a.worker, "%d.json" % rank), "w") as f:
+        json.dump(out, f)
+
+
+def _link(world) -> dict:
+    """This machine's all-to-all throughput and empty-exchange latency."""
+    big = b"\0" * (8 << 20)
+    world.allgather(14, b"")  # (both ranks here)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        world.allgather(14, big)
+    link = 5 * len(big) * (world.size - 1) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        world.allgather(15, b"")
+    return {"link_bytes_per_s": link,
+            "empty_exchange_us": (time.perf_counter() - t0) / 200 * 1e6}
+
+
+def run(a: argparse.Namespace, ranks: int) -> list:
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", d] + [
+            "--%s=%s" % (k.replace("_", "-"), v) for k, v in vars(a).items()
+            if k not in ("worker", "json", "ranks")]
+        if ranks > 1:
+            cmd = ["mpirun", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism",
+                   "none", "-np", str(ranks)] + (
+                       ["--allow-run-as-root"] if os.geteuid() == 0 else []) + cmd
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        print("bench/ranks: %d rank(s)..." % ranks, file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=1200)
+        return [json.load(open(os.path.join(d, "%d.json" % r))) for r in range(ranks)]
+
+
+def model_bytes(a: argparse.Namespace, n: int, dense_floats: int) -> float:
+    """Bytes a rank sends to other ranks per step, from the shapes: a key
+    goes to another rank with probability (n-1)/n; per id: its key (8 bytes)
+    out, its row (4*dim) back, its key and gradient row (8 + 4*dim) out;
+    headers (16 bytes per part and exchange); the dense all-reduce sends
+    (n-1)/n of the dense floats twice (reduce-scatter, all-gather)."""
+    ids = a.batch // n * a.tables * a.ids_per_row
+    remote = (n - 1) / n
+    per_id = 8 + 4 * a.dim + 8 + 4 * a.dim
+    headers = 16 * (n - 1) * (3 * a.tables + 2)
+    return ids * remote * per_id + headers + 2 * 4 * dense_floats * remote + 16 * (n - 1) * 2
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    if a.worker:
+        worker(a)
+        return 0
+    if a.ranks < 2:
+        raise SystemExit("bench/ranks: --ranks must be >= 2 (it compares with one process)")
+    one, many = run(a, 1), run(a, a.ranks)
+    med1 = statistics.median(one[0]["times"])
+    medn = max(statistics.median(r["times"]) for r in many)
+    sent = [r["bytes_per_step"] for r in many]
+    out = {
+        "config": {k: v for k, v in vars(a).items() if k not in ("worker", "json")},
+        "step_ms_1": med1 * 1e3, "step_ms_N": medn * 1e3,
+        "samples_per_s_1": a.batch / med1, "samples_per_s_N": a.batch / medn,
+        "speedup": med1 / medn,
+        "bytes_per_rank_step": statistics.mean(sent),
+        "bytes_model": model_bytes(a, a.ranks, many[0]["dense_floats"]),
+        "exchanges_per_step": many[0]["exchanges_per_step"],
+        "link_bytes_per_s": many[0]["link_bytes_per_s"],
+        "empty_exchange_us": many[0]["empty_exchange_us"],
+    }
+    out["exchange_bound_ms"] = (out["bytes_per_rank_step"] / out["link_bytes_per_s"] * 1e3 +
+                                out["exchanges_per_step"] * out["empty_exchange_us"] / 1e3)
+    if a.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print("%-22s %s" % (k, v))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
