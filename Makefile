@@ -326,6 +326,10 @@ bench-tf: all install-py $(ENGINE_LEFT_OUT_LIB)
 
 # Several ranks against one process: step time, bytes per rank and step, and
 # the link's bounds (bench/ranks.py; needs Open MPI).
-bench-ranks: all install-py
+EXCHANGE_BENCH := build/bench/exchange_bench
+$(EXCHANGE_BENCH): bench/exchange_bench.c comm/exchange.c comm/dynemb_comm.h
+	@mkdir -p $(@D)
+	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm $< comm/exchange.c -o $@ -pthread
+bench-ranks: all install-py $(EXCHANGE_BENCH)
 	$(VPY) bench/ranks.py --ranks $(if $(filter-out 1,$(RANKS)),$(RANKS),2) --json
 .PHONY: bench-ranks

@@ -24,10 +24,14 @@ Reported (the last stdout line is one JSON object with --json):
                           scale-out projection in docs/distributed.md uses;
   exchanges_per_step      all-to-all exchanges per step (a lookup: 2, an apply:
                           1, the dense all-reduce: 2);
-  link_bytes_per_s        all-to-all throughput of this machine's link between
-                          ranks for 8 MiB parts (the bound for the volume above),
-  empty_exchange_us       the latency of one exchange that carries nothing (the
-                          bound for the step's exchange count).
+  link_bytes_per_s        what one rank sends per second in exchanges of 4 MiB
+                          parts, and
+  empty_exchange_us       the latency of an exchange that carries nothing: the
+                          transport's own bounds (bench/exchange_bench.c, in C,
+                          under mpirun in the same invocation);
+  exchange_bound_ms       volume / link + exchanges x latency: the least the
+                          step's exchanges can cost on this transport (they run
+                          one after another: a chain).
 """
 from __future__ import annotations
 
@@ -112,25 +116,26 @@ def worker(a: argparse.Namespace) -> None:
         sent = (world.bytes_sent() - sent0) if world else 0
     out = {"rank": rank, "size": size, "times": times, "bytes_per_step": sent / a.steps,
            "exchanges_per_step": exchanges, "dense_floats": dense_floats}
-    if world:
-        out.update(_link(world))
     with open(os.path.join(a.worker, "%d.json" % rank), "w") as f:
         json.dump(out, f)
 
 
-def _link(world) -> dict:
-    """This machine's all-to-all throughput and empty-exchange latency."""
-    big = b"\0" * (8 << 20)
-    world.allgather(14, b"")  # (both ranks here)
-    t0 = time.perf_counter()
-    for _ in range(5):
-        world.allgather(14, big)
-    link = 5 * len(big) * (world.size - 1) / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for _ in range(200):
-        world.allgather(15, b"")
-    return {"link_bytes_per_s": link,
-            "empty_exchange_us": (time.perf_counter() - t0) / 200 * 1e6}
+def _mpirun(ranks: int) -> list:
+    return ["mpirun", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none",
+            "-np", str(ranks)] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+
+
+def link(ranks: int) -> dict:
+    """The exchange's own bounds (bench/exchange_bench.c, in C, under mpirun):
+    an empty exchange's latency and one rank's send throughput in exchanges
+    of 4 MiB parts. No step can exchange faster than its transport."""
+    prog = os.path.join(ROOT, "build", "bench", "exchange_bench")
+    if not os.path.isfile(prog):
+        raise SystemExit("bench/ranks: %s is missing; build it with `make "
+                         "build/bench/exchange_bench` (or run `make bench-ranks`)" % prog)
+    out = subprocess.run(_mpirun(ranks) + [prog], check=True, capture_output=True, text=True,
+                         timeout=300).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def run(a: argparse.Namespace, ranks: int) -> list:
@@ -139,9 +144,7 @@ def run(a: argparse.Namespace, ranks: int) -> list:
             "--%s=%s" % (k.replace("_", "-"), v) for k, v in vars(a).items()
             if k not in ("worker", "json", "ranks")]
         if ranks > 1:
-            cmd = ["mpirun", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism",
-                   "none", "-np", str(ranks)] + (
-                       ["--allow-run-as-root"] if os.geteuid() == 0 else []) + cmd
+            cmd = _mpirun(ranks) + cmd
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         print("bench/ranks: %d rank(s)..." % ranks, file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True, env=env, cwd=ROOT, timeout=1200)
@@ -168,7 +171,7 @@ def main(argv=None) -> int:
         return 0
     if a.ranks < 2:
         raise SystemExit("bench/ranks: --ranks must be >= 2 (it compares with one process)")
-    one, many = run(a, 1), run(a, a.ranks)
+    one, many, bounds = run(a, 1), run(a, a.ranks), link(a.ranks)
     med1 = statistics.median(one[0]["times"])
     medn = max(statistics.median(r["times"]) for r in many)
     sent = [r["bytes_per_step"] for r in many]
@@ -180,8 +183,8 @@ def main(argv=None) -> int:
         "bytes_per_rank_step": statistics.mean(sent),
         "bytes_model": model_bytes(a, a.ranks, many[0]["dense_floats"]),
         "exchanges_per_step": many[0]["exchanges_per_step"],
-        "link_bytes_per_s": many[0]["link_bytes_per_s"],
-        "empty_exchange_us": many[0]["empty_exchange_us"],
+        "link_bytes_per_s": bounds["link_bytes_per_s"],
+        "empty_exchange_us": bounds["empty_exchange_us"],
     }
     out["exchange_bound_ms"] = (out["bytes_per_rank_step"] / out["link_bytes_per_s"] * 1e3 +
                                 out["exchanges_per_step"] * out["empty_exchange_us"] / 1e3)

@@ -188,13 +188,23 @@ static void channel_end(dynemb_comm *c, uint32_t channel) {
   pthread_mutex_unlock(&c->mu);
 }
 
-/* Short spins first (an exchange's peers are usually close behind), then
- * sleeps, so a rank waiting for a slow one does not burn a core. */
-static void backoff(unsigned *idle) {
-  if (++*idle < 64) {
+/* How a wait that made no progress since `*since` (0: it just began)
+ * yields the core: spins for the first SPIN_S (a peer a little behind is
+ * the usual case in a training step, and a sleep costs ~60 us or more to
+ * wake from: measured 1.5 us per empty exchange spinning against 185 us
+ * sleeping, bench/exchange_bench.c), then short sleeps, then long ones, so
+ * a rank waiting for a slow one does not burn a core. */
+#define SPIN_S 0.002
+#define SHORT_SLEEP_S 0.05
+
+static void backoff(double *since) {
+  double now = MPI_Wtime();
+  if (*since == 0) *since = now;
+  double waited = now - *since;
+  if (waited < SPIN_S) {
     sched_yield();
   } else {
-    struct timespec ts = {0, *idle < 1024 ? 20000 : 200000};
+    struct timespec ts = {0, waited < SHORT_SLEEP_S ? 20000 : 200000};
     nanosleep(&ts, NULL);
   }
 }
@@ -226,7 +236,7 @@ typedef struct exchange {
   double deadline;
   char *own; /* this rank's part for itself, copied */
   size_t own_len;
-  unsigned idle;
+  double idle; /* since when no progress (backoff) */
   dynemb_comm_done done;
   void *arg;
   char err[512];
@@ -443,7 +453,7 @@ int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
  * order; none waits for another. */
 static void *progress_main(void *arg) {
   dynemb_comm *c = arg;
-  unsigned idle = 0;
+  double idle = 0;
   for (;;) {
     pthread_mutex_lock(&c->pending_mu);
     while (!c->pending && !c->stopping)
