@@ -31,7 +31,10 @@ Reported (the last stdout line is one JSON object with --json):
                           under mpirun in the same invocation);
   exchange_bound_ms       volume / link + exchanges x latency: the least the
                           step's exchanges can cost on this transport (they run
-                          one after another: a chain).
+                          one after another: a chain);
+  projection              per-rank bytes per step for 8-64 ranks at this run's
+                          per-rank batch, from bytes_model corrected by its
+                          measured ratio, and their time at 25 and 100 Gb/s.
 """
 from __future__ import annotations
 
@@ -164,6 +167,22 @@ def model_bytes(a: argparse.Namespace, n: int, dense_floats: int) -> float:
     return ids * remote * per_id + headers + 2 * 4 * dense_floats * remote + 16 * (n - 1) * 2
 
 
+def projection(a: argparse.Namespace, dense_floats: int, measured_over_model: float) -> list:
+    """Bytes per rank and step for 8..64 ranks at this run's per-rank batch
+    (batch / ranks: more ranks, more data), from bytes_model corrected by
+    its measured ratio, and what they cost at 25 and 100 Gb/s per rank (the
+    bandwidth term only: per-exchange latency depends on the network)."""
+    local = a.batch // a.ranks
+    rows = []
+    for n in (8, 16, 32, 64):
+        scaled = argparse.Namespace(**dict(vars(a), batch=local * n))
+        volume = model_bytes(scaled, n, dense_floats) * measured_over_model
+        rows.append({"ranks": n, "bytes_per_rank_step": volume,
+                     "ms_at_25gbps": volume / (25e9 / 8) * 1e3,
+                     "ms_at_100gbps": volume / (100e9 / 8) * 1e3})
+    return rows
+
+
 def main(argv=None) -> int:
     a = parse(argv)
     if a.worker:
@@ -188,6 +207,8 @@ def main(argv=None) -> int:
     }
     out["exchange_bound_ms"] = (out["bytes_per_rank_step"] / out["link_bytes_per_s"] * 1e3 +
                                 out["exchanges_per_step"] * out["empty_exchange_us"] / 1e3)
+    out["projection"] = projection(a, many[0]["dense_floats"],
+                                   out["bytes_per_rank_step"] / out["bytes_model"])
     if a.json:
         print(json.dumps(out))
     else:

@@ -19,10 +19,11 @@ set (published by Criteo for non-commercial research); the last 20 % is held out
 Several ranks (``make demo RANKS=2``, i.e. ``mpirun -np 2 .venv/bin/python
 examples/criteo_demo.py``): the tables are sharded across the ranks, and each
 rank reads its slice of every global batch (the same global batches as one
-process). The lookups are plain ones there (automatic graph modification is
-one process's only, so far), the dense gradients are summed over ranks, every
-rank starts from rank 0's dense variables, and rank 0 prints the progress and
-the held-out AUC of all ranks' predictions (docs/distributed.md).
+process). The lookups exchange their ids with the rows' owners inside the
+step (the pipeline that prepares batches ahead is one process's, so far), the
+dense gradients are summed over ranks, every rank starts from rank 0's dense
+variables, and rank 0 prints the progress and the held-out AUC of all ranks'
+predictions (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -119,17 +120,12 @@ def main(argv=None) -> int:
                                               args.ssd_dir, args.memory_rows)
     access_cfg = {"access_threshold": args.access_threshold, "eviction_threshold": 0}
 
-    modify = ranks == 1
-    _, loss = build_model(train_x, train_y, tables, wide, True, access_cfg, args.seed, modify)
-    eval_pred, _ = build_model(eval_x, eval_y, tables, wide, False, access_cfg, args.seed,
-                               modify)
+    _, loss = build_model(train_x, train_y, tables, wide, True, access_cfg, args.seed)
+    eval_pred, _ = build_model(eval_x, eval_y, tables, wide, False, access_cfg, args.seed)
     train_op = criteo_model.train_op(loss, sparse_opt)
 
-    if modify:
-        modify_graph_and_start_emb_cache()
-        start_train, start_eval = get_initializer(True), get_initializer(False)
-    else:
-        start_train, start_eval = train_it.initializer, eval_it.initializer
+    modify_graph_and_start_emb_cache()
+    start_train, start_eval = get_initializer(True), get_initializer(False)
     same_start = dynemb.broadcast_global_variables()  # (rank 0's; a no-op alone)
 
     say(f"Criteo: {n_train} train / {n_eval} held-out rows from {path}"

@@ -43,8 +43,8 @@ def _run(n, results_dir, script=SCRIPT, **env_more):
     p = subprocess.run(["timeout", "-k", "5", "150"] + cmd, cwd=ROOT, env=env,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    if script != SCRIPT:
-        return [json.loads((results_dir / ("dense-%d.json" % r)).read_text())
+    if script != SCRIPT:  # (mpi/<name>.py writes <name>-<rank>.json)
+        return [json.loads((results_dir / ("%s-%d.json" % (script.stem, r))).read_text())
                 for r in range(n)]
     return [json.loads((results_dir / ("%d.json" % r)).read_text()) for r in range(n)]
 
@@ -128,3 +128,22 @@ def test_dense_side_broadcast_and_distributed_optimizer(n, tmp_path):
             _close(got[what], one[what], what)
     # (each rank's mean over an equal slice: their mean is the global mean)
     _close(np.mean([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_modify_graph_script_on_n_ranks_trains_as_one_process(n, tmp_path):
+    """tests/py/mpi/modify.py: an mxRec-style script with modify_graph=True
+    lookups, modify_graph_and_start_emb_cache() and get_initializer (lazy
+    Adam, admission). Alone its pipeline prepares batches ahead; on n ranks
+    the lookups exchange in the step: the same losses, rows and eval logits
+    (each rank's slice of every eval batch)."""
+    script = SCRIPT.parent / "modify.py"
+    (tmp_path / "one").mkdir()
+    (tmp_path / "n").mkdir()
+    one = _run(1, tmp_path / "one", script)[0]
+    ranks = _run(n, tmp_path / "n", script)
+    _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
+    for r in ranks:
+        _close(r["rows"], one["rows"], "rows")
+    for b, want in enumerate(one["logits"]):
+        _close(np.concatenate([r["logits"][b] for r in ranks]), want, "eval batch %d" % b)

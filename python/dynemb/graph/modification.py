@@ -24,6 +24,13 @@ with an Estimator):
 initializers; running the iterator's own initializer works too (it is chained).
 Only the current default graph is supported, as in mxRec.
 
+On several ranks (an MPI launch) the lookups exchange their ids with the
+rows' owners inside the step (dynemb.core.exchange), so nothing is sent
+ahead: the modification checks the lookups as on one process, drops their
+guards and registers the unchanged iterators, whose initializers
+``get_initializer`` returns. The training is the same; the pipeline that
+prepares batches ahead is one process's only, for now.
+
 mxRec's path for these is ``dynemb.graph.modifier``.
 """
 
@@ -154,6 +161,9 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
     groups: "OrderedDict[str, List[_Lookup]]" = OrderedDict()
     for lk in lookups:
         groups.setdefault(lk.trace.get_next.name, []).append(lk)
+    if _state.get_rank_size() > 1:
+        _keep_pipelines(graph, groups)
+        return
     clocks = {}
     for name, group in groups.items():
         for lk in group:
@@ -216,14 +226,29 @@ def _check_table_modes(graph: tf.Graph, lookups: List[_Lookup]) -> None:
                 f"lookups of a table the same mode")
 
 
-def _register_unchanged(st: _state.ModificationState, get_next: tf.Operation) -> None:
+def _keep_pipelines(graph: tf.Graph, groups: "OrderedDict[str, List[_Lookup]]") -> None:
+    """Several ranks: the iterators stay as they are (module docstring)."""
+    st = _state.modification_state(graph)
+    for group in groups.values():
+        training = any(lk.is_train for lk in group)
+        _register_unchanged(st, group[0].trace.get_next, training)
+        for lk in group:
+            rewrite.drop_guard(lk.op)
+            st.done.add(lk.op.name)
+    logger.info("automatic graph modification on %d ranks: %d lookup(s) on %d iterator(s) "
+                "exchange with the rows' owners in the step; the pipelines are unchanged",
+                _state.get_rank_size(), sum(len(g) for g in groups.values()), len(groups))
+
+
+def _register_unchanged(st: _state.ModificationState, get_next: tf.Operation,
+                        training: bool = False) -> None:
     it = get_next.inputs[0]
     makers = [c for c in it.consumers() if c.type == "MakeIterator"]
-    st.initializers[False].extend(makers)
-    if all(b[0] is not get_next.outputs[0] for b in st.target_batches[False]):
-        st.target_batches[False].append(list(get_next.outputs))
+    st.initializers[training].extend(makers)
+    if all(b[0] is not get_next.outputs[0] for b in st.target_batches[training]):
+        st.target_batches[training].append(list(get_next.outputs))
     if it.op.type == "OneShotIterator":
-        st.one_shot[False] = True
+        st.one_shot[training] = True
 
 
 def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next: tf.Operation,
