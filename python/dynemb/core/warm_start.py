@@ -59,7 +59,7 @@ from tensorflow.python.training import warm_starting_util
 from dynemb import _lib, _state
 from dynemb.constants.constants import ASCEND_TIMESTAMP
 from dynemb.core import lookup
-from dynemb.core.checkpoint import LEGACY_SUFFIX, sparse_dir
+from dynemb.core.checkpoint import LEGACY_SUFFIX, checkpoint_parts, sparse_dir
 from dynemb.core.tables import EXPORT_FIELDS, EmbeddingTable, op_name
 from dynemb.util.log import logger
 
@@ -301,13 +301,22 @@ def _import_op(table: EmbeddingTable, src: _TableSource, graph: tf.Graph) -> tf.
     names = [f"dynemb/{src.prev_name}/{f}" for f in EXPORT_FIELDS]
     scope = op_name(table.table_name) + "_warm_start"
     flags = _lib.IMPORT_REPLACE | _lib.IMPORT_EMBEDDING_ONLY | _lib.IMPORT_KEEP_STEPS
+    # On several ranks each rank keeps the keys it owns (of a checkpoint
+    # written by any number of ranks: every part is read).
+    size = _state.get_rank_size()
+    shard = {"shard_index": _state.get_rank_id(), "shard_count": size} if size > 1 else {}
     if src.prev_name in src.entry.ckpt_tiered:  # rows in the engine's files, streamed
         with tf.name_scope(scope):
             stamp = _stamp(table, graph)
-            return _lib.ops.dynemb_load_checkpoint(
-                stamp=tf.constant(-1, tf.int64) if stamp is None else stamp,
-                table_name=table.table_name, dir=_rows_dir(src.entry.prefix),
-                source_name=src.prev_name, flags=flags, rows_only=True).op
+            loads: List[tf.Operation] = []
+            for i, part in enumerate(checkpoint_parts(_rows_dir(src.entry.prefix))):
+                with tf.control_dependencies(loads[-1:]):  # the first one replaces
+                    loads.append(_lib.ops.dynemb_load_checkpoint(
+                        stamp=tf.constant(-1, tf.int64) if stamp is None else stamp,
+                        table_name=table.table_name, dir=part, source_name=src.prev_name,
+                        flags=flags if i == 0 else flags & ~_lib.IMPORT_REPLACE,
+                        rows_only=True, **shard).op)
+            return loads[-1]
     with tf.name_scope(scope):
         with tf.device("/cpu:0"):
             got = tf.raw_ops.RestoreV2(prefix=src.entry.prefix, tensor_names=names,
@@ -320,7 +329,7 @@ def _import_op(table: EmbeddingTable, src: _TableSource, graph: tf.Graph) -> tf.
         return _lib.ops.dynemb_import(
             table_name=table.table_name, flags=flags, meta=t["meta"], keys=t["keys"],
             values=t["values"], last_access=last, cand_keys=empty, cand_counts=empty,
-            cand_last_access=empty, apply_steps=t["apply_steps"]).op
+            cand_last_access=empty, apply_steps=t["apply_steps"], **shard).op
 
 
 def _attach_to_initializer(graph: tf.Graph, op: tf.Operation) -> Optional[str]:

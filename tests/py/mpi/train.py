@@ -18,7 +18,9 @@ with an eval lookup (most of them owned by other ranks).
 Argument: STEPS. Checkpoints (tf.compat.v1.train.Saver, into
 $CKPT/<optimizer>/model-<step>): with SAVE_AT=k the run saves after step k
 and trains on; with RESTORE_AT=k it restores the step-k checkpoint before
-training and trains steps k+1..STEPS (written by any number of ranks).
+training and trains steps k+1..STEPS (written by any number of ranks); with
+WARM=1 as well, it warm-starts from it instead (dynemb.warm_start: rows and
+dense variables, fresh optimizer state).
 """
 import json
 import os
@@ -106,10 +108,14 @@ def train(kind):
     losses = []
     saver = tf.compat.v1.train.Saver()
     prefix = os.path.join(os.environ.get("CKPT", ""), kind, "model")
+    warm = RESTORE_AT and os.environ.get("WARM") == "1"
+    if warm:  # (part of the variables' initialization)
+        dynemb.warm_start("%s-%d" % (prefix, RESTORE_AT))
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        if RESTORE_AT:
+        if RESTORE_AT and not warm:
             saver.restore(sess, "%s-%d" % (prefix, RESTORE_AT))
+        initial_rows = sum(t.size() for t in (user, item, solo))  # (this rank's)
         for s in range(RESTORE_AT, STEPS):
             if s == SAVE_AT:
                 saver.save(sess, prefix, global_step=s)
@@ -130,7 +136,7 @@ def train(kind):
         values = np.load(os.path.join(out_dir, t, "embeddings.npy"))
         rows[t.split("_")[0]] = {str(int(k)): v.tolist() for k, v in zip(keys, values)}
     return {"losses": losses, "dense": dense, "rows": rows, "eval": eval_rows,
-            "evicted": evict.evicted_total}
+            "evicted": evict.evicted_total, "initial_rows": initial_rows}
 
 
 results = {}
