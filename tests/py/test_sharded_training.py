@@ -2,7 +2,7 @@
 (tests/py/mpi/train.py) run alone on the whole global batch, the reference,
 and under `mpirun -np N` (N = 2, 3) with each rank on its slice. Per sparse
 optimizer (SGD, Adagrad, lazy Adam, FTRL), with feature admission and
-eviction (EvictHook on every rank) on one table: every step's global loss (the sum of the ranks' losses), every table
+eviction (EvictHook on every rank) on one table and an SSD tier on another: every step's global loss (the sum of the ranks' losses), every table
 row (the union of the ranks' rows, each key on exactly one rank, the rank
 dynemb_key_shard gives it), the dense variables (on every rank) and an eval
 lookup of every id after training equal the reference within 1e-5 relative.
@@ -99,6 +99,8 @@ def _check(ranks, reference, first_step=0):
 @pytest.mark.parametrize("n", [2, 3])
 def test_n_ranks_train_as_one_process(n, runs, reference):
     assert all(r["evicted"] > 0 for r in reference.values())  # (eviction happened)
+    for kind in reference:  # (and each rank's "user" rows were on its SSD tier)
+        assert all(r["results"][kind]["ssd_rows"] > 0 for r in runs[n][0]), kind
     _check(runs[n][0], reference)
 
 

@@ -42,7 +42,8 @@ rank, size = hccl_ops.get_rank_id(), hccl_ops.get_rank_size()
 lo, hi = rank * B // size, (rank + 1) * B // size
 
 # The global batches, the same in every process: ids of three features
-# (a, b share table "user"; c uses table "item"), and labels.
+# (a, b share table "user", which has an SSD tier; c uses table "item"), and
+# labels.
 rng = np.random.default_rng(7)
 data_a = rng.integers(0, VOCAB, size=(STEPS, B, 2))
 data_b = rng.integers(0, VOCAB, size=(STEPS, B, 1))
@@ -68,7 +69,11 @@ OPTIMIZERS = {
 def train(kind):
     """Trains the model with sparse optimizer `kind`; what this rank saw."""
     init = tf.compat.v1.random_uniform_initializer(-0.2, 0.2, seed=3)
-    user = dynemb.create_table(tf.int64, DIM, "user_" + kind, init)
+    # "user" keeps 8 rows in memory and the rest in an SSD tier file (each
+    # rank its own, under $RESULTS/ssd)
+    user = dynemb.create_table(tf.int64, DIM, "user_" + kind, init, host_vocabulary_size=8,
+                               ssd_vocabulary_size=1000,
+                               ssd_data_path=os.path.join(os.environ["RESULTS"], "ssd"))
     item = dynemb.create_table(tf.int64, DIM, "item_" + kind, init)
     solo = dynemb.create_table(tf.int64, DIM, "solo_" + kind, init)
     a = tf.compat.v1.placeholder(tf.int64, [None, 2])
@@ -136,7 +141,8 @@ def train(kind):
         values = np.load(os.path.join(out_dir, t, "embeddings.npy"))
         rows[t.split("_")[0]] = {str(int(k)): v.tolist() for k, v in zip(keys, values)}
     return {"losses": losses, "dense": dense, "rows": rows, "eval": eval_rows,
-            "evicted": evict.evicted_total, "initial_rows": initial_rows}
+            "evicted": evict.evicted_total, "initial_rows": initial_rows,
+            "ssd_rows": user.stats()["ssd_rows"]}
 
 
 results = {}
