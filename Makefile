@@ -239,7 +239,7 @@ install-py: venv
 # The op library is built once, against .venv's TensorFlow 2.15.1 headers;
 # tests/run_all.sh loads that same file under both TensorFlow versions. The
 # Python tests also run the benchmark programs (tests/py/test_bench_scripts.py).
-test: all c-tests $(if $(HAVE_MPICC),$(COMM_LIB))
+test: all c-tests $(if $(HAVE_MPICC),$(COMM_LIB) build/bench/exchange_bench)
 	@$(MAKE) --no-print-directory install-py
 	@$(MAKE) --no-print-directory ops $(ENGINE_LEFT_OUT_LIB) build/step_costs
 	@if [ "$(TF_COMPAT)" != 0 ]; then $(MAKE) --no-print-directory compat-venv; fi

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -116,3 +119,17 @@ def test_engine_left_out_library_trains_nothing():
     assert product["rows"] == 64 and product["sums"][0] == 64 * 4 * 0.5, product
     assert product["sums"][2] < product["sums"][1] < product["sums"][0], product
     assert left_out == {"sums": [0.0, 0.0, 0.0], "rows": 0}, left_out
+
+
+@pytest.mark.skipif(not shutil.which("mpirun") or not os.path.isfile(
+    os.path.join(ROOT, "build", "bench", "exchange_bench")),
+    reason="needs Open MPI's mpirun and build/bench/exchange_bench (make test builds it)")
+def test_ranks_json():
+    j = _last_json("bench/ranks.py", "--ranks", "2", "--tables", "2", "--batch", "64",
+                   "--steps", "3", "--warmup", "1", "--json")
+    assert j["step_ms_1"] > 0 and j["step_ms_N"] > 0 and j["speedup"] > 0
+    # the exchange's own counter against the formula the projection uses
+    assert abs(j["bytes_per_rank_step"] / j["bytes_model"] - 1) < 0.05, j
+    assert j["exchanges_per_step"] == 3 * 2 + 2
+    assert j["link_bytes_per_s"] > 0 and j["empty_exchange_us"] > 0
+    assert [p["ranks"] for p in j["projection"]] == [8, 16, 32, 64]
