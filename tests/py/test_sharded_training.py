@@ -164,3 +164,19 @@ def test_modify_graph_script_on_n_ranks_trains_as_one_process(n, tmp_path):
         _close(r["rows"], one["rows"], "rows")
     for b, want in enumerate(one["logits"]):
         _close(np.concatenate([r["logits"][b] for r in ranks]), want, "eval batch %d" % b)
+
+
+@pytest.mark.parametrize("inter_op", [1, 3])
+def test_no_deadlock_under_any_schedule(inter_op, tmp_path):
+    """tests/py/mpi/stress.py on 3 ranks: 24 train lookups of 12 tables, their
+    applies, a dense all-reduce and eval steps, on 1 or 3 inter-op threads,
+    each rank reaching the ops in its own random order. It finishes (each
+    launch is bounded) and trains as one process does."""
+    script = SCRIPT.parent / "stress.py"
+    (tmp_path / "one").mkdir()
+    (tmp_path / "n").mkdir()
+    one = _run(1, tmp_path / "one", script, INTER_OP=inter_op)[0]
+    ranks = _run(3, tmp_path / "n", script, INTER_OP=inter_op, DYNEMB_EXCHANGE_TIMEOUT=30)
+    _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
+    for r in ranks:
+        _close(r["rows"], one["rows"], "rows")
