@@ -45,6 +45,12 @@ struct dynemb_comm {
   channel_state *ch;
   size_t n_ch, cap_ch;
   _Atomic uint64_t bytes_sent;
+  /* Set by the first exchange that failed for a peer (deadline, wrong
+   * sequence): the ranks' channels no longer agree, so every later exchange
+   * fails at once with this error instead of waiting for its own deadline
+   * (TensorFlow may start other exchange ops of a failed step). */
+  int broken; /* guarded by mu */
+  char broken_err[512];
   /* The progress thread of asynchronous exchanges (started by the first). */
   pthread_mutex_t pending_mu;
   pthread_cond_t pending_cv;
@@ -188,6 +194,16 @@ static void channel_end(dynemb_comm *c, uint32_t channel) {
   pthread_mutex_unlock(&c->mu);
 }
 
+/* Records the first failed exchange (module comment of `broken`). */
+static void mark_broken(dynemb_comm *c, const char *err) {
+  pthread_mutex_lock(&c->mu);
+  if (!c->broken) {
+    c->broken = 1;
+    snprintf(c->broken_err, sizeof c->broken_err, "%s", err);
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
 /* How a wait that made no progress since `*since` (0: it just began)
  * yields the core: spins for the first SPIN_S (a peer a little behind is
  * the usual case in a training step, and a sleep costs ~60 us or more to
@@ -273,6 +289,14 @@ static exchange *exchange_post(dynemb_comm *c, uint32_t channel,
                                const void *send, const size_t *send_offset,
                                const size_t *send_bytes, char *err,
                                size_t err_len) {
+  pthread_mutex_lock(&c->mu);
+  int broken = c->broken;
+  if (broken)
+    fail(err, err_len,
+         "exchange channel %u not started: an earlier exchange failed (%s)",
+         channel, c->broken_err);
+  pthread_mutex_unlock(&c->mu);
+  if (broken) return NULL;
   uint64_t seq = 0;
   int begun = channel_begin(c, channel, &seq);
   if (begun == -1) {
@@ -441,7 +465,10 @@ int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
     else backoff(&x->idle);
   }
   if (rc == 1) rc = exchange_assemble(x, recv, recv_offset, recv_bytes);
-  else rc = -1;
+  else {
+    rc = -1;
+    mark_broken(c, x->err);
+  }
   if (rc) fail(err, err_len, "%s", x->err);
   channel_end(c, channel);
   exchange_free(x);
@@ -487,6 +514,7 @@ static void *progress_main(void *arg) {
         rc = -1;
       }
       if (rc == 1 && exchange_assemble(x, &recv, roff, rlen)) rc = -1;
+      else if (rc != 1) mark_broken(c, x->err);
       /* The channel is free before done runs: done may begin the channel's
        * next exchange. */
       channel_end(c, x->channel);

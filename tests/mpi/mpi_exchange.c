@@ -264,6 +264,12 @@ static void test_missing_rank_is_a_bounded_error(void) {
     fprintf(stderr, "rank %d: message '%s' lacks '%s'\n", RANK, err, want);
     CHECK(0);
   }
+  /* After a failed exchange the ranks' channels disagree: every later one
+   * fails at once, naming the first failure, instead of at its deadline. */
+  t0 = MPI_Wtime();
+  rc = dynemb_comm_alltoallv(f, 9, &one, z, z, &recv, ro, rl, err, sizeof err);
+  CHECK(rc == -1 && MPI_Wtime() - t0 < 0.5);
+  CHECK(strstr(err, "an earlier exchange failed") && strstr(err, want));
   free(recv);
   free(z);
   free(ro);
