@@ -92,12 +92,7 @@ def test_under_an_mpi_launch_what_is_not_sharded_yet_is_refused(launched):
         dynemb.init()
         with pytest.raises(ValueError, match="is_dp=True .* not available on several ranks"):
             dynemb.create_table(tf.int64, 2, "dp", tf.compat.v1.zeros_initializer(), is_dp=True)
-        table = dynemb.create_table(tf.int64, 2, "ranked", tf.compat.v1.zeros_initializer())
-        ids = tf.constant([1, 2], tf.int64)
-        spec = dynemb.FeatureSpec("f", table_name="ranked")
-        with pytest.raises(RuntimeError, match=r"FeatureSpec input on 4 ranks is not "
-                                               r"available yet"):
-            dynemb.sparse_lookup(table, spec, batch={"f": ids})
+        dynemb.create_table(tf.int64, 2, "ranked", tf.compat.v1.zeros_initializer())
         with pytest.raises(ValueError, match="on several ranks dynemb reduces with 'sum' or"):
             hccl_ops.allreduce(tf.ones([2]), "max")
         with pytest.raises(TypeError, match="reduces float32 tensors, got int32"):

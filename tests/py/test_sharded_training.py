@@ -180,3 +180,19 @@ def test_no_deadlock_under_any_schedule(inter_op, tmp_path):
     _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
     for r in ranks:
         _close(r["rows"], one["rows"], "rows")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_feature_spec_script_on_n_ranks_trains_as_one_process(n, tmp_path):
+    """tests/py/mpi/featurespec.py: FeatureSpec mode with admission
+    (get_asc_insert_func, start_asc_pipeline). Alone its insert function
+    prepares batches ahead; on n ranks the lookups exchange in the step: the
+    same losses and rows."""
+    script = SCRIPT.parent / "featurespec.py"
+    (tmp_path / "one").mkdir()
+    (tmp_path / "n").mkdir()
+    one = _run(1, tmp_path / "one", script)[0]
+    ranks = _run(n, tmp_path / "n", script)
+    _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
+    for r in ranks:
+        _close(r["rows"], one["rows"], "rows")

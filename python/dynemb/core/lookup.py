@@ -198,11 +198,6 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                          "reuse the table)" % tname)
     if serving_default_value is not None:
         set_default_value(hashtable, serving_default_value)
-    if exchange.several_ranks() and isinstance(ids, FeatureSpec):
-        raise RuntimeError(
-            "sparse_lookup('%s'): FeatureSpec input on %d ranks is not available yet: on "
-            "several ranks give the lookup its ids tensor (plain, or with modify_graph=True); "
-            "docs/distributed.md" % (tname, _state.get_rank_size()))
     if isinstance(ids, FeatureSpec):
         # Explicit FeatureSpec mode: the spec's ids come from `batch` (the
         # dataset mapped by get_asc_insert_func); dynemb.core.asc sets the

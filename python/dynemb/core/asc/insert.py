@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Sequence, Union
 
 import tensorflow as tf
 
+from dynemb import _state
 from dynemb.core.asc.spec import FeatureSpec, admitted_key, tickets_key
 from dynemb.graph import rewrite
 from dynemb.graph.modification import dump_dir
@@ -96,6 +97,9 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
     for s in id_specs:  # lookups then know that their table counts data time
         s.timestamp_key = stamp[0].index_key if stamp else None
     is_training = bool(is_training)
+    # On several ranks the lookups exchange with the rows' owners in the step
+    # (start_asc_pipeline leaves them plain): nothing is prepared here.
+    prepares = is_training and _state.get_rank_size() == 1
 
     def insert_fn(*args: Any) -> Any:
         data = args[0] if len(args) == 1 else tuple(args)
@@ -112,7 +116,7 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
                 raise KeyError(f"get_asc_insert_func: FeatureSpec('{s.name}') reads batch key "
                                f"{s.index_key!r}, which the elements lack (keys: "
                                f"{sorted(map(str, features))})")
-        now = _pipeline_clock(specs, features) if is_training else None
+        now = _pipeline_clock(specs, features) if prepares else None
         previous: Dict[str, tf.Tensor] = {}
         for s in id_specs:
             ids = tf.convert_to_tensor(features[s.index_key])
@@ -124,7 +128,7 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
                 checks.append(tf.debugging.assert_equal(
                     tf.shape(ids)[0], s.batch_size,
                     message=f"FeatureSpec('{s.name}'): batch_size"))
-            if not is_training:
+            if not prepares:
                 features[admitted_key(s.name)] = tf.ones_like(ids, dtype=tf.bool)
                 continue
             deps = checks + ([previous[s.table_name]] if s.table_name in previous else [])

@@ -8,7 +8,9 @@ the spec's batch component, remembered with the batch's prepared components.
 before the first step, switches every such lookup of the default graph to those
 components, exactly as automatic graph modification does for its lookups
 (dynemb.graph.rewrite): the lookup only reads, ids not admitted as of their
-batch read the default value, and their gradients are dropped.
+batch read the default value, and their gradients are dropped. On several
+ranks nothing is prepared ahead: the lookups stay plain ones that exchange
+with the rows' owners in the step, and start_asc_pipeline drops their guards.
 
 mxRec's path for start_asc_pipeline is ``dynemb.core.asc.manager``.
 """
@@ -154,6 +156,13 @@ def start_asc_pipeline() -> None:
         entry = _find(st, r["ids"])
         if entry is not None:
             found.append((r, entry))
+    if _state.get_rank_size() > 1:  # the lookups stay plain (dynemb.core.asc.insert)
+        for r, e in found:
+            rewrite.drop_guard(e.ids.op)
+            st.done.add(r["op"].name)
+        logger.info("start_asc_pipeline on %d ranks: %d FeatureSpec lookup(s) exchange with "
+                    "the rows' owners in the step", _state.get_rank_size(), len(found))
+        return
     train_tables = {e.spec.table_name for r, e in found if r["is_train"]}
     for r in _state.graph_state(graph).lookups:
         t = r["table"].table_name
