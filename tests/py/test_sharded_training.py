@@ -147,6 +147,21 @@ def test_dense_side_broadcast_and_distributed_optimizer(n, tmp_path):
     _close(np.mean([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
 
 
+def _one_and_n(name, n, tmp_path, **env):
+    """Runs tests/py/mpi/<name>.py alone and on n ranks; checks that the
+    global losses (the ranks' summed) and every rank's rows equal the run
+    alone's; returns both results."""
+    script = SCRIPT.parent / (name + ".py")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "n").mkdir()
+    one = _run(1, tmp_path / "one", script, **env)[0]
+    ranks = _run(n, tmp_path / "n", script, **env)
+    _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
+    for r in ranks:
+        _close(r["rows"], one["rows"], "rows")
+    return one, ranks
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_modify_graph_script_on_n_ranks_trains_as_one_process(n, tmp_path):
     """tests/py/mpi/modify.py: an mxRec-style script with modify_graph=True
@@ -154,14 +169,7 @@ def test_modify_graph_script_on_n_ranks_trains_as_one_process(n, tmp_path):
     Adam, admission). Alone its pipeline prepares batches ahead; on n ranks
     the lookups exchange in the step: the same losses, rows and eval logits
     (each rank's slice of every eval batch)."""
-    script = SCRIPT.parent / "modify.py"
-    (tmp_path / "one").mkdir()
-    (tmp_path / "n").mkdir()
-    one = _run(1, tmp_path / "one", script)[0]
-    ranks = _run(n, tmp_path / "n", script)
-    _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
-    for r in ranks:
-        _close(r["rows"], one["rows"], "rows")
+    one, ranks = _one_and_n("modify", n, tmp_path)
     for b, want in enumerate(one["logits"]):
         _close(np.concatenate([r["logits"][b] for r in ranks]), want, "eval batch %d" % b)
 
@@ -172,14 +180,7 @@ def test_no_deadlock_under_any_schedule(inter_op, tmp_path):
     applies, a dense all-reduce and eval steps, on 1 or 3 inter-op threads,
     each rank reaching the ops in its own random order. It finishes (each
     launch is bounded) and trains as one process does."""
-    script = SCRIPT.parent / "stress.py"
-    (tmp_path / "one").mkdir()
-    (tmp_path / "n").mkdir()
-    one = _run(1, tmp_path / "one", script, INTER_OP=inter_op)[0]
-    ranks = _run(3, tmp_path / "n", script, INTER_OP=inter_op, DYNEMB_EXCHANGE_TIMEOUT=30)
-    _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
-    for r in ranks:
-        _close(r["rows"], one["rows"], "rows")
+    _one_and_n("stress", 3, tmp_path, INTER_OP=inter_op, DYNEMB_EXCHANGE_TIMEOUT=30)
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -188,11 +189,4 @@ def test_feature_spec_script_on_n_ranks_trains_as_one_process(n, tmp_path):
     (get_asc_insert_func, start_asc_pipeline). Alone its insert function
     prepares batches ahead; on n ranks the lookups exchange in the step: the
     same losses and rows."""
-    script = SCRIPT.parent / "featurespec.py"
-    (tmp_path / "one").mkdir()
-    (tmp_path / "n").mkdir()
-    one = _run(1, tmp_path / "one", script)[0]
-    ranks = _run(n, tmp_path / "n", script)
-    _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
-    for r in ranks:
-        _close(r["rows"], one["rows"], "rows")
+    _one_and_n("featurespec", n, tmp_path)

@@ -14,11 +14,9 @@ import tensorflow as tf
 import dynemb
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
-from dynemb.util.communication import hccl_ops
+from common import rank_slice, start
 
-tf.compat.v1.disable_eager_execution()
-dynemb.init(use_dynamic_expansion=True)
-rank, size = hccl_ops.get_rank_id(), hccl_ops.get_rank_size()
+rank, size = start(use_dynamic_expansion=True)
 B, STEPS, DIM = 12, 5, 4
 rng = np.random.default_rng(21)
 ids_all = rng.integers(0, 40, size=(STEPS * B, 3)).astype(np.int64)
@@ -29,13 +27,8 @@ table = dynemb.create_table(tf.int64, DIM, "fs", tf.compat.v1.random_uniform_ini
 spec = dynemb.FeatureSpec("ids", table_name="fs", access_threshold=2, eviction_threshold=0)
 
 
-def sliced(x):
-    n = tf.shape(x["y"], out_type=tf.int64)[0]
-    lo, hi = n * rank // size, n * (rank + 1) // size
-    return dict({k: v[lo:hi] for k, v in x.items()}, n=n)
-
-
-ds = tf.data.Dataset.from_tensor_slices({"ids": ids_all, "y": y_all}).batch(B).map(sliced)
+ds = tf.data.Dataset.from_tensor_slices({"ids": ids_all, "y": y_all}).batch(B)
+ds = ds.map(rank_slice(rank, size))
 ds = ds.map(get_asc_insert_func(tgt_key_specs=[spec], is_training=True))
 iterator = tf.compat.v1.data.make_initializable_iterator(ds)
 batch = iterator.get_next()

@@ -14,11 +14,9 @@ import tensorflow as tf
 
 import dynemb
 from dynemb.graph.modifier import get_initializer, modify_graph_and_start_emb_cache
-from dynemb.util.communication import hccl_ops
+from common import rank_slice, start
 
-tf.compat.v1.disable_eager_execution()
-dynemb.init(use_dynamic_expansion=True)
-rank, size = hccl_ops.get_rank_id(), hccl_ops.get_rank_size()
+rank, size = start(use_dynamic_expansion=True)
 B, STEPS, DIM = 12, 5, 4
 rng = np.random.default_rng(9)
 ids_all = rng.integers(0, 40, size=(STEPS * B, 3)).astype(np.int64)
@@ -27,12 +25,7 @@ eval_ids = rng.integers(0, 50, size=(2 * B, 3)).astype(np.int64)
 
 
 def sliced(ds):
-    """This rank's slice of every global batch, with the global batch size."""
-    def take(x):
-        n = tf.shape(x["y"], out_type=tf.int64)[0]
-        lo, hi = n * rank // size, n * (rank + 1) // size
-        return dict({k: v[lo:hi] for k, v in x.items()}, n=n)
-    return ds.map(take)
+    return ds.map(rank_slice(rank, size))
 
 
 train_ds = sliced(tf.data.Dataset.from_tensor_slices({"ids": ids_all, "y": y_all}).batch(B))
