@@ -55,7 +55,8 @@ int main(void) {
   }
   const size_t part = 4u << 20;
   char *buf = calloc((size_t)n, part);
-  if (!buf) return 1;
+  if (!buf)
+    return 1;
   exchanges(c, 0, 50, buf); /* warm up */
   double empty = exchanges(c, 0, 2000, buf);
   exchanges(c, part, 3, buf);

@@ -38,9 +38,10 @@
 #include "dynemb_comm.h"
 
 typedef struct sstate {
-  char *table_name; /* lookup, apply */
-  int is_train;     /* lookup */
-  int average;      /* apply */
+  char *table_name;   /* lookup, apply */
+  int is_train;       /* lookup */
+  int64_t send_count; /* lookup: unique ids per owner at most (0: any) */
+  int average;        /* apply */
   int64_t channel, ranks;
   int reduction; /* allreduce */
 } sstate;
@@ -49,7 +50,8 @@ enum { REDUCE_SUM, REDUCE_MEAN, REDUCE_BROADCAST };
 
 static void delete_sstate(void *p) {
   sstate *k = p;
-  if (k) free(k->table_name);
+  if (k)
+    free(k->table_name);
   free(k);
 }
 
@@ -80,22 +82,27 @@ static void *create_sharded(TF_OpKernelConstruction *c, const char *what) {
     goto fail;
   if (strcmp(what, "allreduce") == 0) {
     char *r = get_string_attr(c, "reduction", st);
-    if (!r) goto fail;
+    if (!r)
+      goto fail;
     k->reduction = strcmp(r, "mean") == 0        ? REDUCE_MEAN
                    : strcmp(r, "broadcast") == 0 ? REDUCE_BROADCAST
                                                  : REDUCE_SUM;
-    int known = !strcmp(r, "sum") || !strcmp(r, "mean") ||
-                !strcmp(r, "broadcast");
+    int known =
+        !strcmp(r, "sum") || !strcmp(r, "mean") || !strcmp(r, "broadcast");
     if (!known)
       TF_SetStatus(st, TF_INVALID_ARGUMENT,
                    "dynemb allreduce: reduction must be 'sum', 'mean' or "
                    "'broadcast'");
     free(r);
-    if (!known) goto fail;
+    if (!known)
+      goto fail;
   } else {
     k->table_name = get_string_attr(c, "table_name", st);
-    if (!k->table_name) goto fail;
-    if (strcmp(what, "lookup") == 0 && get_bool(c, "is_train", &k->is_train, st))
+    if (!k->table_name)
+      goto fail;
+    if (strcmp(what, "lookup") == 0 &&
+        (get_bool(c, "is_train", &k->is_train, st) ||
+         get_int(c, "send_count", &k->send_count, st)))
       goto fail;
     if (strcmp(what, "apply") == 0 && get_bool(c, "average", &k->average, st))
       goto fail;
@@ -161,19 +168,22 @@ static int exchange(TF_OpKernelContext *ctx, dynemb_comm *c, const sstate *k,
 
 /* The first rank p (not `me`) whose part begins with a nonzero status, or
  * -1. Parts shorter than a status word count as failed. */
-static int failed_peer(const char *recv, const size_t *roff,
-                       const size_t *rlen, int n, int me) {
+static int failed_peer(const char *recv, const size_t *roff, const size_t *rlen,
+                       int n, int me) {
   for (int p = 0; p < n; p++) {
-    if (p == me) continue;
+    if (p == me)
+      continue;
     int64_t s = PART_FAILED;
-    if (rlen[p] >= sizeof s) memcpy(&s, recv + roff[p], sizeof s);
-    if (s != 0) return p;
+    if (rlen[p] >= sizeof s)
+      memcpy(&s, recv + roff[p], sizeof s);
+    if (s != 0)
+      return p;
   }
   return -1;
 }
 
-static void fail_peer(TF_OpKernelContext *ctx, const sstate *k,
-                      const char *op, int p) {
+static void fail_peer(TF_OpKernelContext *ctx, const sstate *k, const char *op,
+                      int p) {
   fail(ctx, TF_ABORTED,
        "dynemb %s of table '%s': rank %d failed this step (its own error "
        "says why)",
@@ -184,12 +194,57 @@ static void fail_peer(TF_OpKernelContext *ctx, const sstate *k,
  * the keys sent to that owner), count[p] keys for owner p. */
 static void route(const int64_t *keys, int64_t n, int ranks, int *dest,
                   int64_t *at, size_t *count) {
-  for (int p = 0; p < ranks; p++) count[p] = 0;
+  for (int p = 0; p < ranks; p++)
+    count[p] = 0;
   for (int64_t i = 0; i < n; i++) {
     int d = (int)dynemb_key_shard(keys[i], (uint32_t)ranks);
     dest[i] = d;
     at[i] = (int64_t)count[d]++;
   }
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* mxRec's send_count (static-shape mode): the unique ids this rank sends
+ * to each owner must fit it. 0 when they do; otherwise fails the kernel
+ * naming the owner, the count and the fix. */
+static int check_send_count(TF_OpKernelContext *ctx, const sstate *k,
+                            const int64_t *keys, int64_t n, const int *dest,
+                            int ranks) {
+  if (k->send_count <= 0 || n == 0)
+    return 0;
+  int64_t *sorted = malloc((size_t)n * sizeof *sorted);
+  if (!sorted) {
+    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
+    return -1;
+  }
+  int rc = 0;
+  for (int r = 0; r < ranks && !rc; r++) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+      if (dest[i] == r)
+        sorted[m++] = keys[i];
+    qsort(sorted, (size_t)m, sizeof *sorted, cmp_i64);
+    int64_t unique = 0;
+    for (int64_t i = 0; i < m; i++)
+      unique += i == 0 || sorted[i] != sorted[i - 1];
+    if (unique > k->send_count) {
+      fail(
+          ctx, TF_INVALID_ARGUMENT,
+          "dynemb sharded lookup: table '%s': this batch sends %lld unique ids "
+          "to "
+          "rank %d, above send_count = %lld; raise send_count to at least %lld "
+          "(static-shape mode, init(use_dynamic=False))",
+          k->table_name, (long long)unique, r, (long long)k->send_count,
+          (long long)unique);
+      rc = -1;
+    }
+  }
+  free(sorted);
+  return rc;
 }
 
 /* Per-rank arrays of the exchanges (offsets and lengths, sent and
@@ -200,7 +255,8 @@ typedef struct parts {
 
 static int parts_alloc(parts *pt, int n) {
   size_t *a = calloc((size_t)n * 5, sizeof *a);
-  if (!a) return -1;
+  if (!a)
+    return -1;
   *pt = (parts){a, a + n, a + 2 * n, a + 3 * n, a + 4 * n};
   return 0;
 }
@@ -222,7 +278,8 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   float *rows = NULL;
   parts pt = {0};
   dynemb_comm *c = world(ctx, k, "sharded lookup");
-  if (!c) return;
+  if (!c)
+    return;
   const int n_ranks = dynemb_comm_size(c), me = dynemb_comm_rank(c);
   int64_t status = 0, now = 0, dim = 0, n = 0;
   const int64_t *keys = NULL;
@@ -251,8 +308,8 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
       status = PART_FAILED;
   }
   if (!status && n > 0 &&
-      !(keys = ids_as_int64(ctx, k->table_name, ids, n, "sharded lookup",
-                            &wide)))
+      !(keys =
+            ids_as_int64(ctx, k->table_name, ids, n, "sharded lookup", &wide)))
     status = PART_FAILED;
   if (!status) {
     dest = malloc((size_t)(n ? n : 1) * sizeof *dest);
@@ -262,7 +319,10 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
       status = PART_FAILED;
     }
   }
-  if (!status) route(keys, n, n_ranks, dest, at, pt.count);
+  if (!status)
+    route(keys, n, n_ranks, dest, at, pt.count);
+  if (!status && check_send_count(ctx, k, keys, n, dest, n_ranks))
+    status = PART_FAILED;
   /* First exchange: each owner gets its keys (and everyone's clock). */
   size_t total = 0;
   for (int r = 0; r < n_ranks; r++) {
@@ -294,14 +354,14 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
     n_owned += len / sizeof(int64_t);
     int64_t their_now = 0;
     if (pt.rlen[r] >= KEYS_HEAD)
-      memcpy(&their_now, recv + pt.roff[r] + sizeof(int64_t),
-             sizeof their_now);
-    if (their_now > now_max) now_max = their_now;
+      memcpy(&their_now, recv + pt.roff[r] + sizeof(int64_t), sizeof their_now);
+    if (their_now > now_max)
+      now_max = their_now;
   }
   size_t *from = calloc((size_t)n_ranks + 1, sizeof *from);
   owned = malloc((n_owned ? n_owned : 1) * sizeof *owned);
-  rows = malloc((n_owned ? n_owned : 1) * (size_t)(dim ? dim : 1) *
-                sizeof *rows);
+  rows =
+      malloc((n_owned ? n_owned : 1) * (size_t)(dim ? dim : 1) * sizeof *rows);
   if (!from || !owned || !rows) {
     free(from);
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
@@ -309,15 +369,15 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   }
   for (int r = 0; r < n_ranks; r++) {
     size_t len = pt.rlen[r] >= KEYS_HEAD ? pt.rlen[r] - KEYS_HEAD : 0;
-    if (len) memcpy(owned + from[r], recv + pt.roff[r] + KEYS_HEAD, len);
+    if (len)
+      memcpy(owned + from[r], recv + pt.roff[r] + KEYS_HEAD, len);
     from[r + 1] = from[r] + len / sizeof(int64_t);
   }
   int64_t owner_status = status || bad >= 0 ? PART_FAILED : 0;
   if (!owner_status) { /* (no keys too: as one process, it stamps the clock) */
-    int rc = dynemb_lookup(t, owned, n_owned,
-                           k->is_train ? DYNEMB_LOOKUP_TRAIN
-                                       : DYNEMB_LOOKUP_EVAL,
-                           now_max, rows);
+    int rc = dynemb_lookup(
+        t, owned, n_owned,
+        k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL, now_max, rows);
     if (rc != DYNEMB_OK) {
       fail_engine(ctx, rc, "sharded lookup");
       owner_status = status = PART_FAILED;
@@ -349,8 +409,10 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   if (exchange(ctx, c, k, "sharded lookup", send, pt.soff, pt.slen,
                (void **)&rows_recv, pt.roff, pt.rlen))
     goto done;
-  if (status) goto done; /* this rank's own error is reported already */
-  if (bad < 0) bad = failed_peer(rows_recv, pt.roff, pt.rlen, n_ranks, me);
+  if (status)
+    goto done; /* this rank's own error is reported already */
+  if (bad < 0)
+    bad = failed_peer(rows_recv, pt.roff, pt.rlen, n_ranks, me);
   if (bad >= 0) {
     fail_peer(ctx, k, "sharded lookup", bad);
     goto done;
@@ -382,9 +444,12 @@ done:
   free(dest);
   free(at);
   free(wide);
-  if (out) TF_DeleteTensor(out);
-  if (ids) TF_DeleteTensor(ids);
-  if (nowt) TF_DeleteTensor(nowt);
+  if (out)
+    TF_DeleteTensor(out);
+  if (ids)
+    TF_DeleteTensor(ids);
+  if (nowt)
+    TF_DeleteTensor(nowt);
   dynemb_table_release(t);
 }
 
@@ -405,7 +470,8 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   float *ograds = NULL;
   parts pt = {0};
   dynemb_comm *c = world(ctx, k, "sharded apply");
-  if (!c) return;
+  if (!c)
+    return;
   const int n_ranks = dynemb_comm_size(c), me = dynemb_comm_rank(c);
   int64_t status = 0, dim = 0, n = 0;
   float lr = 0;
@@ -450,7 +516,8 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   }
   const int64_t *keys = status ? NULL : TF_TensorData(keyt);
   const float *g = status ? NULL : TF_TensorData(grads);
-  if (!status) route(keys, n, n_ranks, dest, at, pt.count);
+  if (!status)
+    route(keys, n, n_ranks, dest, at, pt.count);
   const size_t row_bytes = (size_t)dim * sizeof(float);
   const size_t pair = sizeof(int64_t) + row_bytes;
   size_t total = 0;
@@ -477,7 +544,8 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   if (exchange(ctx, c, k, "sharded apply", send, pt.soff, pt.slen,
                (void **)&recv, pt.roff, pt.rlen))
     goto done;
-  if (status) goto done;
+  if (status)
+    goto done;
   int bad = failed_peer(recv, pt.roff, pt.rlen, n_ranks, me);
   if (bad >= 0) {
     fail_peer(ctx, k, "sharded apply", bad);
@@ -514,7 +582,8 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   }
   if (k->average) {
     const float inv = 1.0f / (float)n_ranks;
-    for (size_t i = 0; i < n_owned * (size_t)dim; i++) ograds[i] *= inv;
+    for (size_t i = 0; i < n_owned * (size_t)dim; i++)
+      ograds[i] *= inv;
   }
   /* Called with no keys too: a step counts for every rank's table (lazy
    * Adam's bias correction reads the table's step count). */
@@ -533,9 +602,12 @@ done:
   free(ograds);
   free(dest);
   free(at);
-  if (keyt) TF_DeleteTensor(keyt);
-  if (grads) TF_DeleteTensor(grads);
-  if (lrt) TF_DeleteTensor(lrt);
+  if (keyt)
+    TF_DeleteTensor(keyt);
+  if (grads)
+    TF_DeleteTensor(grads);
+  if (lrt)
+    TF_DeleteTensor(lrt);
   dynemb_table_release(t);
 }
 
@@ -555,11 +627,13 @@ static void chunk(int64_t total, int n, int r, int64_t *lo, int64_t *hi) {
 static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   const sstate *k = p;
   dynemb_comm *c = world(ctx, k, "allreduce");
-  if (!c) return;
+  if (!c)
+    return;
   const int n_ranks = dynemb_comm_size(c), me = dynemb_comm_rank(c);
   TF_Status *st = TF_NewStatus();
   TF_InputRange_Args range = {.struct_size = TF_InputRange_Args_STRUCT_SIZE,
-                              .priv = NULL, .status = st};
+                              .priv = NULL,
+                              .status = st};
   TF_InputRange(ctx, "tensors", &range);
   const int n_in = TF_GetCode(st) == TF_OK ? range.stop - range.start : 0;
   TF_Tensor **in = calloc((size_t)(n_in ? n_in : 1), sizeof *in);
@@ -584,8 +658,10 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
     }
     first[i + 1] = first[i] + TF_TensorElementCount(in[i]);
   }
-  if (!status) total = first[n_in];
-  if (!pt.soff) goto done; /* (the peers time out naming this rank) */
+  if (!status)
+    total = first[n_in];
+  if (!pt.soff)
+    goto done; /* (the peers time out naming this rank) */
   if (!status && !(flat = malloc((size_t)(total ? total : 1) * sizeof *flat))) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb allreduce: out of memory");
     status = PART_FAILED;
@@ -642,7 +718,8 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
     /* In rank order, the same on every rank: every rank gets the same
      * bits. */
     for (int r = 0; r < n_ranks; r++) {
-      if (k->reduction == REDUCE_BROADCAST && r != 0) continue;
+      if (k->reduction == REDUCE_BROADCAST && r != 0)
+        continue;
       const float *part = (const float *)(recv + pt.roff[r] + REDUCE_HEAD);
       for (size_t i = 0; i < mine_n; i++) {
         float v;
@@ -651,7 +728,8 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
       }
     }
     if (k->reduction == REDUCE_MEAN)
-      for (size_t i = 0; i < mine_n; i++) mine[i] /= (float)n_ranks;
+      for (size_t i = 0; i < mine_n; i++)
+        mine[i] /= (float)n_ranks;
   }
   /* All-gather: every rank gets every reduced chunk. */
   free(send);
@@ -662,7 +740,8 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   }
   int64_t head[2] = {own_status, total};
   memcpy(send, head, sizeof head);
-  if (!own_status) memcpy(send + REDUCE_HEAD, mine, mine_n * sizeof(float));
+  if (!own_status)
+    memcpy(send + REDUCE_HEAD, mine, mine_n * sizeof(float));
   for (int r = 0; r < n_ranks; r++) {
     pt.soff[r] = 0;
     pt.slen[r] = gbytes;
@@ -670,8 +749,10 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   if (exchange(ctx, c, k, "allreduce", send, pt.soff, pt.slen,
                (void **)&gathered, pt.roff, pt.rlen))
     goto done;
-  if (status) goto done;
-  if (bad < 0) bad = failed_peer(gathered, pt.roff, pt.rlen, n_ranks, me);
+  if (status)
+    goto done;
+  if (bad < 0)
+    bad = failed_peer(gathered, pt.roff, pt.rlen, n_ranks, me);
   if (bad >= 0) {
     fail(ctx, TF_ABORTED,
          "dynemb allreduce: rank %d failed this step (its own error says why)",
@@ -682,8 +763,10 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
     int64_t rlo, rhi;
     chunk(total, n_ranks, r, &rlo, &rhi);
     if (pt.rlen[r] != REDUCE_HEAD + (size_t)(rhi - rlo) * sizeof(float)) {
-      fail(ctx, TF_INTERNAL, "dynemb allreduce: rank %d sent a chunk of the "
-           "wrong size", r);
+      fail(ctx, TF_INTERNAL,
+           "dynemb allreduce: rank %d sent a chunk of the "
+           "wrong size",
+           r);
       goto done;
     }
     if (rhi > rlo)
@@ -694,20 +777,25 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
     int nd = TF_NumDims(in[i]);
     int64_t dims[32];
     if (nd > 32) {
-      fail(ctx, TF_INVALID_ARGUMENT, "dynemb allreduce: tensor %d has rank %d; "
-           "at most 32", i, nd);
+      fail(ctx, TF_INVALID_ARGUMENT,
+           "dynemb allreduce: tensor %d has rank %d; "
+           "at most 32",
+           i, nd);
       goto done;
     }
-    for (int d = 0; d < nd; d++) dims[d] = TF_Dim(in[i], d);
+    for (int d = 0; d < nd; d++)
+      dims[d] = TF_Dim(in[i], d);
     TF_Tensor *o = output(ctx, i, TF_FLOAT, dims, nd, sizeof(float));
-    if (!o) goto done;
+    if (!o)
+      goto done;
     memcpy(TF_TensorData(o), flat + first[i],
            (size_t)(first[i + 1] - first[i]) * sizeof(float));
     TF_DeleteTensor(o);
   }
 done:
   for (int i = 0; in && i < n_in; i++)
-    if (in[i]) TF_DeleteTensor(in[i]);
+    if (in[i])
+      TF_DeleteTensor(in[i]);
   free(in);
   free(first);
   free(flat);
@@ -724,19 +812,18 @@ done:
 /* ------------------------------------------------------------------------ */
 
 __attribute__((constructor)) static void dynemb_register_sharded_ops(void) {
-  register_op_kernel("DynembShardedLookup",
-                     LIST("table_name: string", "is_train: bool = true",
-                          "channel: int", "ranks: int",
-                          "Tkeys: {int32, int64}"),
-                     LIST("ids: Tkeys", "now: int64", "anchor: float"),
-                     LIST("embeddings: float"), create_lookup, lookup_compute,
-                     delete_sstate);
-  register_op_kernel("DynembShardedApply",
-                     LIST("table_name: string", "average: bool = false",
-                          "channel: int", "ranks: int"),
-                     LIST("keys: int64", "grads: float", "learning_rate: float"),
-                     LIST("applied: int64"), create_apply, apply_compute,
-                     delete_sstate);
+  register_op_kernel(
+      "DynembShardedLookup",
+      LIST("table_name: string", "is_train: bool = true", "send_count: int = 0",
+           "channel: int", "ranks: int", "Tkeys: {int32, int64}"),
+      LIST("ids: Tkeys", "now: int64", "anchor: float"),
+      LIST("embeddings: float"), create_lookup, lookup_compute, delete_sstate);
+  register_op_kernel(
+      "DynembShardedApply",
+      LIST("table_name: string", "average: bool = false", "channel: int",
+           "ranks: int"),
+      LIST("keys: int64", "grads: float", "learning_rate: float"),
+      LIST("applied: int64"), create_apply, apply_compute, delete_sstate);
   register_op_kernel("DynembAllreduce",
                      LIST("reduction: string = 'sum'", "channel: int",
                           "ranks: int", "K: int >= 1"),

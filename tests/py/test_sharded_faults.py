@@ -55,3 +55,15 @@ def test_a_rank_that_dies_or_raises_ends_the_job(fault, tmp_path):
     # rank 0 was ended by mpirun, or failed naming rank 1: never finished
     assert results.get(0, {}).get("did") != "finished", results
     assert took < 40, took
+
+
+def test_send_count_overflow_is_an_error_naming_it(tmp_path):
+    """Static-shape mode: a batch that sends an owner more unique ids than
+    send_count stops with an error naming send_count and the size needed."""
+    p, took, results = _launch("send_count", tmp_path)
+    assert p.returncode != 0 and p.returncode != 124, p.stderr[-2000:]
+    failed = [r for r in results.values() if r["did"] == "failed"]
+    assert failed, results  # (the first rank to fail ends the job)
+    for r in failed:
+        assert "above send_count = 2; raise send_count to at least" in r["error"], r
+    assert took < 40, took

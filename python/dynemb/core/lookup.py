@@ -227,8 +227,9 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                 h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
     dim = hashtable.dim
     with tf.name_scope(name or op_name(tname) + "_lookup"):
+        static_count = 0
         if send_count is not None:
-            ids = _check_send_count(ids, send_count, tname)
+            ids, static_count = _check_send_count(ids, send_count, tname)
         now = _now_tensor(evict_cfg, ids, bool(is_train))
         # Plain train lookups of one table that TensorFlow runs in parallel
         # count shared ids for admission in scheduling order; the pipeline
@@ -240,7 +241,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
             chain = exchange.TRAIN_CHAIN if is_train else (
                 "eval",) + tuple(sorted(_iterators_of(ids)))
             emb = exchange.sharded_lookup(tname, ids, now, hashtable.anchor,
-                                          bool(is_train), chain)
+                                          bool(is_train), chain, static_count)
         else:
             emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
                                          tickets=unused_input(tf.int64),
@@ -287,18 +288,22 @@ def _publish_by_address(graph: tf.Graph, st: Any, table: EmbeddingTable, ids: tf
     graph.add_to_collection(ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, address)
 
 
-def _check_send_count(ids: tf.Tensor, send_count: Any, tname: str) -> tf.Tensor:
+def _check_send_count(ids: tf.Tensor, send_count: Any, tname: str) -> tuple:
     """mxRec's send_count: in static-shape mode (init(use_dynamic=False)) the
-    capacity of the ids a lookup sends to their owner, i.e. at least the
-    batch's unique ids (one process owns them all); with dynamic shapes it is
-    not used. Returns `ids`, checked at run time against the capacity in
-    static-shape mode."""
+    capacity of the ids a lookup sends to each owner, i.e. at least the
+    unique ids of the batch that go to one rank (all of them on one
+    process); with dynamic shapes it is not used. Returns `ids` (checked at
+    run time against the capacity in static-shape mode on one process) and
+    the capacity the sharded lookup checks per owner on several ranks (0:
+    none)."""
     if isinstance(send_count, bool) or not isinstance(send_count, int) or \
             not 1 <= send_count <= 2**31 - 1:
         raise ValueError("sparse_lookup('%s'): send_count must be an int in [1, 2^31-1], "
                          "got %r" % (tname, send_count))
     if _state.require_init("sparse_lookup('%s')" % tname).get("use_dynamic", True):
-        return ids
+        return ids, 0
+    if exchange.several_ranks():
+        return ids, send_count
     unique = tf.size(tf.unique(tf.reshape(ids, [-1]))[0])
     check = tf.debugging.Assert(
         unique <= send_count,
@@ -307,5 +312,4 @@ def _check_send_count(ids: tf.Tensor, send_count: Any, tname: str) -> tf.Tensor:
          "; raise send_count to at least that (static-shape mode, "
          "init(use_dynamic=False))"])
     with tf.control_dependencies([check]):
-        return tf.identity(ids)
-
+        return tf.identity(ids), 0

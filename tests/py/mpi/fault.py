@@ -3,7 +3,9 @@ trained for 6 steps, in which rank 1 misbehaves at step 2 as $FAULT says:
   stall  stops taking part (stays alive, as a rank whose input ran dry
          would if it waited), then exits after 60 s;
   exit   dies (os._exit(7)), as a killed process;
-  raise  raises in its input (a batch of the wrong shape).
+  raise  raises in its input (a batch of the wrong shape);
+  send_count  every rank runs in static-shape mode with send_count = 2,
+         below the unique ids it sends to an owner.
 Every rank writes what happened to it into $RESULTS/<rank>.json."""
 import json
 import os
@@ -16,12 +18,12 @@ import dynemb
 from dynemb.util.communication import hccl_ops
 
 tf.compat.v1.disable_eager_execution()
-dynemb.init()
-rank = hccl_ops.get_rank_id()
 fault = os.environ["FAULT"]
+dynemb.init(use_dynamic=fault != "send_count")
+rank = hccl_ops.get_rank_id()
 table = dynemb.create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer())
 ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
-emb = tf.reshape(dynemb.sparse_lookup(table, ids), [-1, 8])
+emb = tf.reshape(dynemb.sparse_lookup(table, ids, send_count=2), [-1, 8])
 w = tf.compat.v1.get_variable("w", initializer=tf.ones([8, 1]))
 loss = tf.reduce_sum(tf.matmul(emb, w))
 gw, gt = tf.gradients(loss, [w, table.anchor])
