@@ -3,7 +3,8 @@
 with the dense variable, the eval loss and every prediction (of ids that
 other ranks own, and ids never trained) of one process, within 1e-5
 relative; the checkpoints hold one part of the table per rank and the
-Saver's files once."""
+Saver's files once. The same with automatic graph modification
+(GraphModifierHook) on 2 ranks."""
 import json
 import os
 import shutil
@@ -24,9 +25,10 @@ pytestmark = pytest.mark.skipif(
            "(apt-get install openmpi-bin libopenmpi-dev; make ops)")
 
 
-def _run(n, d):
+def _run(n, d, modify=False):
     env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
-               TF_CPP_MIN_LOG_LEVEL="2", RESULTS=str(d), DYNEMB_EXCHANGE_TIMEOUT="60")
+               TF_CPP_MIN_LOG_LEVEL="2", RESULTS=str(d), DYNEMB_EXCHANGE_TIMEOUT="60",
+               MODIFY="1" if modify else "0")
     cmd = [sys.executable, str(SCRIPT), str(d / "model")]
     if n > 1:
         cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(n)] + cmd
@@ -54,3 +56,14 @@ def test_estimator_on_n_ranks_equals_one_process(n, one, tmp_path):
             [f for f in one["checkpoints"] if "tfevents" not in f]
     parts = sorted(os.listdir(tmp_path / "model" / "sparse-model.ckpt-6"))
     assert parts == ["rank-%d-of-%d" % (r, n) for r in range(n)]
+
+
+@pytest.mark.estimator
+def test_estimator_with_graph_modifier_hook_on_two_ranks(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    alone = _run(1, tmp_path / "one", modify=True)[0]
+    for r, got in enumerate(_run(2, tmp_path / "two", modify=True)):
+        for what in ("loss", "w", "logits"):
+            np.testing.assert_allclose(got[what], alone[what], rtol=1e-5, atol=1e-7,
+                                       err_msg="rank %d: %s" % (r, what))

@@ -7,7 +7,9 @@ DistributedOptimizer(average=False) and the tables' by their owners:
 one process's update for the global batch. Checkpoints every 2 steps
 (every rank's part of the tables, the dense variables once). Evaluate and
 predict: every rank reads the whole eval set, so every rank's lookups need
-rows that other ranks own. Results: $RESULTS/est-<rank>.json."""
+rows that other ranks own. With MODIFY=1 the lookups use modify_graph=True
+and every call gets GraphModifierHook (automatic graph modification).
+Results: $RESULTS/est-<rank>.json."""
 import json
 import os
 import sys
@@ -22,6 +24,8 @@ tf.compat.v1.disable_eager_execution()
 dynemb.init()
 rank, size = hccl_ops.get_rank_id(), hccl_ops.get_rank_size()
 model_dir = sys.argv[1]
+MODIFY = os.environ.get("MODIFY") == "1"
+hooks = [dynemb.GraphModifierHook()] if MODIFY else []
 B, STEPS, DIM = 12, 6, 4
 rng = np.random.default_rng(5)
 ids_all = rng.integers(0, 50, size=(STEPS * B, 3)).astype(np.int64)
@@ -45,6 +49,7 @@ def model_fn(features, labels, mode):
         -0.3, 0.3, seed=2))
     train = mode == tf.estimator.ModeKeys.TRAIN
     emb = dynemb.sparse_lookup(table, features["ids"], is_train=train, name="ids",
+                               modify_graph=MODIFY,
                                access_and_evict_config={"access_threshold": 2,
                                                         "eviction_threshold": 0})
     w = tf.compat.v1.get_variable("w", initializer=tf.constant(
@@ -68,9 +73,9 @@ def model_fn(features, labels, mode):
 config = tf.estimator.RunConfig(model_dir=model_dir, save_checkpoints_steps=2,
                                 save_summary_steps=1000, log_step_count_steps=1000)
 est = tf.estimator.Estimator(model_fn, config=config)
-est.train(train_input, steps=STEPS)
-metrics = est.evaluate(eval_input)
-logits = [p["logit"].tolist() for p in est.predict(eval_input)]
+est.train(train_input, steps=STEPS, hooks=hooks)
+metrics = est.evaluate(eval_input, hooks=hooks)
+logits = [p["logit"].tolist() for p in est.predict(eval_input, hooks=hooks)]
 with open(os.path.join(os.environ["RESULTS"], "est-%d.json" % rank), "w") as f:
     json.dump({"loss": float(metrics["loss"]), "step": int(metrics["global_step"]),
                "logits": logits, "w": est.get_variable_value("w").tolist(),
