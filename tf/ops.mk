@@ -52,9 +52,9 @@ $(OUT): tf/dynemb_ops.c tf/kernel_util.h $(EXTRA_SRC) tf/ops.mk include/dynemb.h
 # build/ of a source checkout ($$ORIGIN/..).
 SHARDED_OUT ?= $(dir $(OUT))_dynemb_sharded_ops.so
 COMM        ?= build/libdynemb_comm.so
-$(SHARDED_OUT): tf/sharded_ops.c tf/kernel_util.h comm/dynemb_comm.h tf/ops.mk $(OUT) $(COMM)
+$(SHARDED_OUT): tf/sharded_ops.c tf/route.c tf/route.h tf/kernel_util.h comm/dynemb_comm.h tf/ops.mk $(OUT) $(COMM)
 	@if [ -z "$(TF_INC)" ]; then echo "tf/ops.mk: TensorFlow is not importable with $(PYTHON)" >&2; exit 1; fi
-	$(CC) $(OPS_CFLAGS) -Icomm tf/sharded_ops.c -o $@ -shared -L$(TF_LIB) -Wl,--no-undefined \
+	$(CC) $(OPS_CFLAGS) -Icomm tf/sharded_ops.c tf/route.c -o $@ -shared -L$(TF_LIB) -Wl,--no-undefined \
 	  -L$(dir $(OUT)) -l:_dynemb_ops.so -L$(dir $(COMM)) -l:$(notdir $(COMM)) \
 	  -l:libtensorflow_framework.so.2 -pthread -Wl,-rpath,'$$ORIGIN:$$ORIGIN/..'
 

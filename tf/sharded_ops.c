@@ -36,6 +36,7 @@
 #include "kernel_util.h"
 
 #include "dynemb_comm.h"
+#include "route.h"
 
 typedef struct sstate {
   char *table_name;   /* lookup, apply */
@@ -50,8 +51,7 @@ enum { REDUCE_SUM, REDUCE_MEAN, REDUCE_BROADCAST };
 
 static void delete_sstate(void *p) {
   sstate *k = p;
-  if (k)
-    free(k->table_name);
+  if (k) free(k->table_name);
   free(k);
 }
 
@@ -82,8 +82,7 @@ static void *create_sharded(TF_OpKernelConstruction *c, const char *what) {
     goto fail;
   if (strcmp(what, "allreduce") == 0) {
     char *r = get_string_attr(c, "reduction", st);
-    if (!r)
-      goto fail;
+    if (!r) goto fail;
     k->reduction = strcmp(r, "mean") == 0        ? REDUCE_MEAN
                    : strcmp(r, "broadcast") == 0 ? REDUCE_BROADCAST
                                                  : REDUCE_SUM;
@@ -94,12 +93,10 @@ static void *create_sharded(TF_OpKernelConstruction *c, const char *what) {
                    "dynemb allreduce: reduction must be 'sum', 'mean' or "
                    "'broadcast'");
     free(r);
-    if (!known)
-      goto fail;
+    if (!known) goto fail;
   } else {
     k->table_name = get_string_attr(c, "table_name", st);
-    if (!k->table_name)
-      goto fail;
+    if (!k->table_name) goto fail;
     if (strcmp(what, "lookup") == 0 &&
         (get_bool(c, "is_train", &k->is_train, st) ||
          get_int(c, "send_count", &k->send_count, st)))
@@ -171,13 +168,10 @@ static int exchange(TF_OpKernelContext *ctx, dynemb_comm *c, const sstate *k,
 static int failed_peer(const char *recv, const size_t *roff, const size_t *rlen,
                        int n, int me) {
   for (int p = 0; p < n; p++) {
-    if (p == me)
-      continue;
+    if (p == me) continue;
     int64_t s = PART_FAILED;
-    if (rlen[p] >= sizeof s)
-      memcpy(&s, recv + roff[p], sizeof s);
-    if (s != 0)
-      return p;
+    if (rlen[p] >= sizeof s) memcpy(&s, recv + roff[p], sizeof s);
+    if (s != 0) return p;
   }
   return -1;
 }
@@ -192,100 +186,183 @@ static void fail_peer(TF_OpKernelContext *ctx, const sstate *k, const char *op,
 
 /* Where each of n keys goes: dest[i] (its owner), at[i] (its place among
  * the keys sent to that owner), count[p] keys for owner p. */
-static void route(const int64_t *keys, int64_t n, int ranks, int *dest,
-                  int64_t *at, size_t *count) {
-  for (int p = 0; p < ranks; p++)
-    count[p] = 0;
-  for (int64_t i = 0; i < n; i++) {
-    int d = (int)dynemb_key_shard(keys[i], (uint32_t)ranks);
-    dest[i] = d;
-    at[i] = (int64_t)count[d]++;
-  }
-}
-
-static int cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
-
 /* mxRec's send_count (static-shape mode): the unique ids this rank sends
  * to each owner must fit it. 0 when they do; otherwise fails the kernel
  * naming the owner, the count and the fix. */
 static int check_send_count(TF_OpKernelContext *ctx, const sstate *k,
-                            const int64_t *keys, int64_t n, const int *dest,
-                            int ranks) {
-  if (k->send_count <= 0 || n == 0)
-    return 0;
-  int64_t *sorted = malloc((size_t)n * sizeof *sorted);
-  if (!sorted) {
-    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
-    return -1;
-  }
-  int rc = 0;
-  for (int r = 0; r < ranks && !rc; r++) {
-    int64_t m = 0;
-    for (int64_t i = 0; i < n; i++)
-      if (dest[i] == r)
-        sorted[m++] = keys[i];
-    qsort(sorted, (size_t)m, sizeof *sorted, cmp_i64);
-    int64_t unique = 0;
-    for (int64_t i = 0; i < m; i++)
-      unique += i == 0 || sorted[i] != sorted[i - 1];
-    if (unique > k->send_count) {
-      fail(
-          ctx, TF_INVALID_ARGUMENT,
-          "dynemb sharded lookup: table '%s': this batch sends %lld unique ids "
-          "to "
-          "rank %d, above send_count = %lld; raise send_count to at least %lld "
-          "(static-shape mode, init(use_dynamic=False))",
-          k->table_name, (long long)unique, r, (long long)k->send_count,
-          (long long)unique);
-      rc = -1;
+                            const dynemb_route *rt) {
+  if (k->send_count <= 0) return 0;
+  for (int r = 0; r < rt->ranks; r++) {
+    size_t unique = rt->first[r + 1] - rt->first[r];
+    if (unique > (size_t)k->send_count) {
+      fail(ctx, TF_INVALID_ARGUMENT,
+           "dynemb sharded lookup: table '%s': this batch sends %zu unique ids "
+           "to rank %d, above send_count = %lld; raise send_count to at least "
+           "%zu (static-shape mode, init(use_dynamic=False))",
+           k->table_name, unique, r, (long long)k->send_count, unique);
+      return -1;
     }
   }
-  free(sorted);
-  return rc;
+  return 0;
 }
 
 /* Per-rank arrays of the exchanges (offsets and lengths, sent and
  * received), one allocation. */
 typedef struct parts {
-  size_t *soff, *slen, *roff, *rlen, *count;
+  size_t *soff, *slen, *roff, *rlen;
 } parts;
 
 static int parts_alloc(parts *pt, int n) {
-  size_t *a = calloc((size_t)n * 5, sizeof *a);
-  if (!a)
-    return -1;
-  *pt = (parts){a, a + n, a + 2 * n, a + 3 * n, a + 4 * n};
+  size_t *a = calloc((size_t)n * 4, sizeof *a);
+  if (!a) return -1;
+  *pt = (parts){a, a + n, a + 2 * n, a + 3 * n};
   return 0;
+}
+
+/* Lays out one part per rank: part r is head + bytes(r) long. Returns the
+ * send buffer (zeroed), or NULL after failing the kernel. */
+static char *layout(TF_OpKernelContext *ctx, parts *pt, int n, size_t head,
+                    size_t (*bytes)(const void *, int), const void *arg,
+                    const char *op) {
+  size_t total = 0;
+  for (int r = 0; r < n; r++) {
+    pt->soff[r] = total;
+    pt->slen[r] = head + (bytes ? bytes(arg, r) : 0);
+    total += pt->slen[r];
+  }
+  char *send = calloc(total ? total : 1, 1);
+  if (!send) fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb %s: out of memory", op);
+  return send;
 }
 
 /* ------------------------------------------------------------------------ */
 /* DynembShardedLookup                                                       */
 /* ------------------------------------------------------------------------ */
 
-/* Keys part: status, now, keys. Rows part: status, dim, rows. */
-enum { KEYS_HEAD = 2 * sizeof(int64_t), ROWS_HEAD = 2 * sizeof(int64_t) };
+/* Keys part: {status, now, unique keys u, flags} then u keys and, with flag
+ * COUNTS, their u occurrence counts (uint32; else each occurs once).
+ * Rows part: {status, dim, u, flags} then, with flag DEFAULTS, u counts of
+ * the occurrences (the first ones) that read the default value (before the
+ * key's admission; uint32; else none), then u rows. */
+enum { HEAD = 4 * sizeof(int64_t), COUNTS = 1, DEFAULTS = 1 };
+
+typedef struct keys_arg {
+  const dynemb_route *rt;
+  const int *with_counts;
+} keys_arg;
+
+static size_t keys_bytes(const void *p, int r) {
+  const keys_arg *a = p;
+  size_t u = a->rt->first[r + 1] - a->rt->first[r];
+  return u * sizeof(int64_t) + (a->with_counts[r] ? u * sizeof(uint32_t) : 0);
+}
+
+/* What an owner received from one rank. */
+typedef struct asked {
+  int64_t status, now, u, flags;
+  const int64_t *keys; /* [u] (unaligned: read with memcpy) */
+  const char *counts;  /* [u] uint32, or NULL: ones */
+  size_t first;        /* its first key among the owner's */
+} asked;
+
+static uint32_t count_of(const asked *a, size_t j) {
+  uint32_t c = 1;
+  if (a->counts) memcpy(&c, a->counts + j * sizeof c, sizeof c);
+  return c;
+}
+
+/* The owner's side: every rank's unique keys (`a`, n ranks) looked up in
+ * rank order (train: each occurrence counted, as one process would count
+ * the concatenated batch), one row per unique key into rows[total][dim]
+ * and, per unique key, how many of its leading occurrences read the
+ * default value (defaults[total]). */
+static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
+                        size_t total, int64_t now, float *rows,
+                        uint32_t *defaults) {
+  int64_t *ukeys = malloc((total ? total : 1) * sizeof *ukeys);
+  if (!ukeys) return DYNEMB_ENOMEM;
+  for (int r = 0; r < n; r++)
+    if (a[r].u) memcpy(ukeys + a[r].first, a[r].keys, (size_t)a[r].u * 8);
+  memset(defaults, 0, total * sizeof *defaults);
+  int rc = DYNEMB_OK;
+  if (!k->is_train) { /* reads only: every occurrence alike */
+    rc = total ? dynemb_lookup(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, rows)
+               : DYNEMB_OK;
+    free(ukeys);
+    return rc;
+  }
+  size_t expanded = 0;
+  for (int r = 0; r < n; r++)
+    for (int64_t j = 0; j < a[r].u; j++) expanded += count_of(&a[r], (size_t)j);
+  int64_t *each = malloc((expanded ? expanded : 1) * sizeof *each);
+  dynemb_ticket *tickets = malloc((expanded ? expanded : 1) * sizeof *tickets);
+  dynemb_ticket *pick = malloc((total ? total : 1) * sizeof *pick);
+  if (!each || !tickets || !pick) rc = DYNEMB_ENOMEM;
+  size_t e = 0;
+  for (int r = 0; !rc && r < n; r++)
+    for (int64_t j = 0; j < a[r].u; j++)
+      for (uint32_t c = count_of(&a[r], (size_t)j); c; c--)
+        each[e++] = ukeys[a[r].first + (size_t)j];
+  /* (no keys: still a step for the table's clock, as one process) */
+  if (!rc)
+    rc = dynemb_prepare(t, each, expanded, DYNEMB_LOOKUP_TRAIN, now, tickets);
+  /* A key's occurrences that came before its admission are the first ones
+   * (once admitted within a call it stays so): count them, and read the row
+   * through the first admitted occurrence's ticket. */
+  e = 0;
+  for (int r = 0; !rc && r < n; r++)
+    for (int64_t j = 0; j < a[r].u; j++) {
+      size_t g = a[r].first + (size_t)j;
+      uint32_t c = count_of(&a[r], (size_t)j), m = 0;
+      while (m < c && tickets[e + m] == DYNEMB_NOT_ADMITTED) m++;
+      defaults[g] = m;
+      pick[g] = m < c ? tickets[e + m] : DYNEMB_NOT_ADMITTED;
+      e += c;
+    }
+  if (!rc && total) rc = dynemb_lookup_prepared(t, ukeys, pick, total, rows);
+  free(each);
+  free(tickets);
+  free(pick);
+  free(ukeys);
+  return rc;
+}
+
+typedef struct rows_arg {
+  const asked *a;
+  const int *with_defaults;
+  size_t row_bytes;
+  int failed;
+} rows_arg;
+
+static size_t rows_bytes(const void *p, int r) {
+  const rows_arg *x = p;
+  if (x->failed) return 0;
+  size_t u = (size_t)x->a[r].u;
+  return (x->with_defaults[r] ? u * sizeof(uint32_t) : 0) + u * x->row_bytes;
+}
 
 static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const sstate *k = p;
   TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL;
   dynemb_table *t = NULL;
-  int64_t *wide = NULL, *at = NULL, *owned = NULL;
-  int *dest = NULL;
+  int64_t *wide = NULL;
   char *send = NULL, *recv = NULL, *rows_recv = NULL;
-  float *rows = NULL;
+  float *rows = NULL, *def = NULL;
+  uint32_t *defaults = NULL;
+  asked *a = NULL;
+  int *flags = NULL;
+  dynemb_route rt = {0};
   parts pt = {0};
   dynemb_comm *c = world(ctx, k, "sharded lookup");
-  if (!c)
-    return;
+  if (!c) return;
   const int n_ranks = dynemb_comm_size(c), me = dynemb_comm_rank(c);
   int64_t status = 0, now = 0, dim = 0, n = 0;
   const int64_t *keys = NULL;
-  if (parts_alloc(&pt, n_ranks)) {
+  a = calloc((size_t)n_ranks, sizeof *a);
+  flags = calloc((size_t)n_ranks, sizeof *flags);
+  if (parts_alloc(&pt, n_ranks) || !a || !flags) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
-    return;
+    goto done; /* (the peers time out naming this rank) */
   }
   /* Local failures (reported by the kernel already) still take part in
    * both exchanges, with a failed status. */
@@ -311,145 +388,179 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
       !(keys =
             ids_as_int64(ctx, k->table_name, ids, n, "sharded lookup", &wide)))
     status = PART_FAILED;
-  if (!status) {
-    dest = malloc((size_t)(n ? n : 1) * sizeof *dest);
-    at = malloc((size_t)(n ? n : 1) * sizeof *at);
-    if (!dest || !at) {
-      fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
-      status = PART_FAILED;
-    }
-  }
-  if (!status)
-    route(keys, n, n_ranks, dest, at, pt.count);
-  if (!status && check_send_count(ctx, k, keys, n, dest, n_ranks))
-    status = PART_FAILED;
-  /* First exchange: each owner gets its keys (and everyone's clock). */
-  size_t total = 0;
-  for (int r = 0; r < n_ranks; r++) {
-    pt.soff[r] = total;
-    pt.slen[r] = KEYS_HEAD + (status ? 0 : pt.count[r] * sizeof(int64_t));
-    total += pt.slen[r];
-  }
-  if (!(send = malloc(total))) {
+  if (!status && dynemb_route_build(&rt, keys, (size_t)n, n_ranks)) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
-    goto done; /* (the peers time out naming this rank) */
+    status = PART_FAILED;
   }
+  if (!status && check_send_count(ctx, k, &rt)) status = PART_FAILED;
+  /* First exchange: each owner gets its unique keys and their counts. */
+  for (int r = 0; !status && r < n_ranks; r++)
+    for (size_t g = rt.first[r]; g < rt.first[r + 1]; g++)
+      if (rt.ucount[g] > 1) flags[r] = COUNTS;
+  keys_arg ka = {&rt, flags};
+  if (!(send = layout(ctx, &pt, n_ranks, HEAD, status ? NULL : keys_bytes, &ka,
+                      "sharded lookup")))
+    goto done;
   for (int r = 0; r < n_ranks; r++) {
-    int64_t head[2] = {status, now};
-    memcpy(send + pt.soff[r], head, sizeof head);
+    size_t u = status ? 0 : rt.first[r + 1] - rt.first[r];
+    int64_t head[4] = {status, now, (int64_t)u, flags[r]};
+    char *part = send + pt.soff[r];
+    memcpy(part, head, sizeof head);
+    if (!u) continue;
+    memcpy(part + HEAD, rt.ukey + rt.first[r], u * sizeof(int64_t));
+    if (flags[r] & COUNTS)
+      memcpy(part + HEAD + u * sizeof(int64_t), rt.ucount + rt.first[r],
+             u * sizeof(uint32_t));
   }
-  if (!status)
-    for (int64_t i = 0; i < n; i++)
-      memcpy(send + pt.soff[dest[i]] + KEYS_HEAD + at[i] * sizeof(int64_t),
-             &keys[i], sizeof(int64_t));
   if (exchange(ctx, c, k, "sharded lookup", send, pt.soff, pt.slen,
                (void **)&recv, pt.roff, pt.rlen))
     goto done;
+  /* This rank as owner. */
   int bad = failed_peer(recv, pt.roff, pt.rlen, n_ranks, me);
-  /* This rank as owner: every rank's keys in rank order. */
-  size_t n_owned = 0;
-  int64_t now_max = 0;
-  for (int r = 0; r < n_ranks; r++) {
-    size_t len = pt.rlen[r] >= KEYS_HEAD ? pt.rlen[r] - KEYS_HEAD : 0;
-    n_owned += len / sizeof(int64_t);
-    int64_t their_now = 0;
-    if (pt.rlen[r] >= KEYS_HEAD)
-      memcpy(&their_now, recv + pt.roff[r] + sizeof(int64_t), sizeof their_now);
-    if (their_now > now_max)
-      now_max = their_now;
-  }
-  size_t *from = calloc((size_t)n_ranks + 1, sizeof *from);
-  owned = malloc((n_owned ? n_owned : 1) * sizeof *owned);
-  rows =
-      malloc((n_owned ? n_owned : 1) * (size_t)(dim ? dim : 1) * sizeof *rows);
-  if (!from || !owned || !rows) {
-    free(from);
-    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
-    goto done;
-  }
-  for (int r = 0; r < n_ranks; r++) {
-    size_t len = pt.rlen[r] >= KEYS_HEAD ? pt.rlen[r] - KEYS_HEAD : 0;
-    if (len)
-      memcpy(owned + from[r], recv + pt.roff[r] + KEYS_HEAD, len);
-    from[r + 1] = from[r] + len / sizeof(int64_t);
-  }
   int64_t owner_status = status || bad >= 0 ? PART_FAILED : 0;
-  if (!owner_status) { /* (no keys too: as one process, it stamps the clock) */
-    int rc = dynemb_lookup(
-        t, owned, n_owned,
-        k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL, now_max, rows);
+  size_t total = 0;
+  int64_t now_max = 0;
+  for (int r = 0; !owner_status && r < n_ranks; r++) {
+    const char *part = recv + pt.roff[r];
+    int64_t head[4];
+    memcpy(head, part, sizeof head);
+    a[r] = (asked){head[0],
+                   head[1],
+                   head[2] < 0 ? 0 : head[2],
+                   head[3],
+                   (const int64_t *)(part + HEAD),
+                   NULL,
+                   total};
+    size_t want = HEAD + (size_t)a[r].u * sizeof(int64_t) +
+                  (a[r].flags & COUNTS ? (size_t)a[r].u * sizeof(uint32_t) : 0);
+    if (pt.rlen[r] != want) {
+      fail(ctx, TF_INTERNAL,
+           "dynemb sharded lookup of table '%s': rank %d sent a part of %zu "
+           "bytes, not the %zu its head says",
+           k->table_name, r, pt.rlen[r], want);
+      owner_status = status = PART_FAILED;
+      break;
+    }
+    if (a[r].flags & COUNTS)
+      a[r].counts = part + HEAD + (size_t)a[r].u * sizeof(int64_t);
+    if (a[r].now > now_max) now_max = a[r].now;
+    total += (size_t)a[r].u;
+  }
+  const size_t row_bytes = (size_t)dim * sizeof(float);
+  rows = malloc((total ? total : 1) * (row_bytes ? row_bytes : 1));
+  defaults = malloc((total ? total : 1) * sizeof *defaults);
+  if (!rows || !defaults) {
+    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
+    owner_status = status = PART_FAILED;
+  }
+  if (!owner_status) {
+    int rc = owner_lookup(t, k, a, n_ranks, total, now_max, rows, defaults);
     if (rc != DYNEMB_OK) {
       fail_engine(ctx, rc, "sharded lookup");
       owner_status = status = PART_FAILED;
     }
   }
-  /* Second exchange: the rows go back to the ranks that asked. */
+  /* Second exchange: one row per unique key goes back to the rank that
+   * asked, with the count of its occurrences that read the default. */
+  for (int r = 0; r < n_ranks; r++) {
+    flags[r] = 0;
+    for (int64_t j = 0; !owner_status && j < a[r].u; j++)
+      if (defaults[a[r].first + (size_t)j]) flags[r] = DEFAULTS;
+  }
   free(send);
-  total = 0;
-  size_t row_bytes = (size_t)dim * sizeof(float);
-  for (int r = 0; r < n_ranks; r++) {
-    pt.soff[r] = total;
-    pt.slen[r] =
-        ROWS_HEAD + (owner_status ? 0 : (from[r + 1] - from[r]) * row_bytes);
-    total += pt.slen[r];
-  }
-  if (!(send = malloc(total))) {
-    free(from);
-    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
+  rows_arg ra = {a, flags, row_bytes, (int)owner_status};
+  if (!(send =
+            layout(ctx, &pt, n_ranks, HEAD, rows_bytes, &ra, "sharded lookup")))
     goto done;
-  }
   for (int r = 0; r < n_ranks; r++) {
-    int64_t head[2] = {owner_status, dim};
-    memcpy(send + pt.soff[r], head, sizeof head);
-    if (!owner_status && from[r + 1] > from[r])
-      memcpy(send + pt.soff[r] + ROWS_HEAD, rows + from[r] * (size_t)dim,
-             (from[r + 1] - from[r]) * row_bytes);
+    size_t u = owner_status ? 0 : (size_t)a[r].u;
+    int64_t head[4] = {owner_status, dim, (int64_t)u, flags[r]};
+    char *part = send + pt.soff[r];
+    memcpy(part, head, sizeof head);
+    if (!u) continue;
+    char *at = part + HEAD;
+    if (flags[r] & DEFAULTS) {
+      memcpy(at, defaults + a[r].first, u * sizeof(uint32_t));
+      at += u * sizeof(uint32_t);
+    }
+    memcpy(at, rows + a[r].first * (size_t)dim, u * row_bytes);
   }
-  free(from);
   if (exchange(ctx, c, k, "sharded lookup", send, pt.soff, pt.slen,
                (void **)&rows_recv, pt.roff, pt.rlen))
     goto done;
-  if (status)
-    goto done; /* this rank's own error is reported already */
-  if (bad < 0)
-    bad = failed_peer(rows_recv, pt.roff, pt.rlen, n_ranks, me);
+  if (status) goto done; /* this rank's own error is reported already */
+  if (bad < 0) bad = failed_peer(rows_recv, pt.roff, pt.rlen, n_ranks, me);
   if (bad >= 0) {
     fail_peer(ctx, k, "sharded lookup", bad);
     goto done;
   }
+  /* Each part: where its rows and default counts are. */
+  const char **row_at = calloc(2 * (size_t)n_ranks, sizeof *row_at);
+  const char **def_at = row_at + n_ranks;
+  if (!row_at) {
+    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
+    goto done;
+  }
+  int any_default = 0;
   for (int r = 0; r < n_ranks; r++) {
-    int64_t head[2];
-    memcpy(head, rows_recv + pt.roff[r], sizeof head);
-    if (head[1] != dim || pt.rlen[r] != ROWS_HEAD + pt.count[r] * row_bytes) {
+    int64_t head[4];
+    const char *part = rows_recv + pt.roff[r];
+    memcpy(head, part, sizeof head);
+    size_t u = rt.first[r + 1] - rt.first[r];
+    size_t want =
+        HEAD + (head[3] & DEFAULTS ? u * sizeof(uint32_t) : 0) + u * row_bytes;
+    if (head[1] != dim || (size_t)head[2] != u || pt.rlen[r] != want) {
       fail(ctx, TF_FAILED_PRECONDITION,
            "dynemb sharded lookup: table '%s' has dim %lld on rank %d but "
-           "%lld on rank %d; create it with the same configuration on every "
-           "rank",
-           k->table_name, (long long)dim, me, (long long)head[1], r);
+           "%lld on rank %d, or rank %d answered %lld keys for %zu; create "
+           "the table with the same configuration on every rank",
+           k->table_name, (long long)dim, me, (long long)head[1], r, r,
+           (long long)head[2], u);
+      free(row_at);
+      goto done;
+    }
+    def_at[r] = head[3] & DEFAULTS ? part + HEAD : NULL;
+    row_at[r] = part + HEAD + (def_at[r] ? u * sizeof(uint32_t) : 0);
+    any_default |= def_at[r] != NULL;
+  }
+  if (any_default) { /* the table's default row, as this rank has it */
+    def = malloc(row_bytes ? row_bytes : 1);
+    const dynemb_ticket none = DYNEMB_NOT_ADMITTED;
+    int rc =
+        def ? dynemb_lookup_prepared(t, keys, &none, 1, def) : DYNEMB_ENOMEM;
+    if (rc != DYNEMB_OK) {
+      fail_engine(ctx, rc, "sharded lookup");
+      free(row_at);
       goto done;
     }
   }
   float *o = TF_TensorData(out);
-  for (int64_t i = 0; i < n; i++)
+  for (int64_t i = 0; i < n; i++) {
+    size_t g = rt.uniq_of[i];
+    int r = rt.uowner[g];
+    size_t j = g - rt.first[r];
+    uint32_t m = 0;
+    if (def_at[r]) memcpy(&m, def_at[r] + j * sizeof m, sizeof m);
     memcpy(o + i * dim,
-           rows_recv + pt.roff[dest[i]] + ROWS_HEAD + at[i] * row_bytes,
+           rt.occ[i] < m ? (const char *)def : row_at[r] + j * row_bytes,
            row_bytes);
+  }
+  free(row_at);
 done:
   free(pt.soff);
   free(send);
   free(recv);
   free(rows_recv);
   free(rows);
-  free(owned);
-  free(dest);
-  free(at);
+  free(defaults);
+  free(def);
+  free(a);
+  free(flags);
+  dynemb_route_free(&rt);
   free(wide);
-  if (out)
-    TF_DeleteTensor(out);
-  if (ids)
-    TF_DeleteTensor(ids);
-  if (nowt)
-    TF_DeleteTensor(nowt);
+  if (out) TF_DeleteTensor(out);
+  if (ids) TF_DeleteTensor(ids);
+  if (nowt) TF_DeleteTensor(nowt);
   dynemb_table_release(t);
 }
 
@@ -457,21 +568,31 @@ done:
 /* DynembShardedApply                                                        */
 /* ------------------------------------------------------------------------ */
 
-/* Gradient part: status, dim, keys, then their rows. */
+/* Gradient part: {status, dim} then u unique keys and their u gradient
+ * rows, each the sum of the key's occurrences in this rank's batch. */
 enum { GRAD_HEAD = 2 * sizeof(int64_t) };
+
+typedef struct grads_arg {
+  const dynemb_route *rt;
+  size_t pair;
+} grads_arg;
+
+static size_t grads_bytes(const void *p, int r) {
+  const grads_arg *x = p;
+  return (x->rt->first[r + 1] - x->rt->first[r]) * x->pair;
+}
 
 static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   const sstate *k = p;
   TF_Tensor *keyt = NULL, *grads = NULL, *lrt = NULL;
   dynemb_table *t = NULL;
-  int64_t *at = NULL, *okeys = NULL;
-  int *dest = NULL;
+  int64_t *okeys = NULL;
   char *send = NULL, *recv = NULL;
-  float *ograds = NULL;
+  float *ograds = NULL, *sums = NULL;
+  dynemb_route rt = {0};
   parts pt = {0};
   dynemb_comm *c = world(ctx, k, "sharded apply");
-  if (!c)
-    return;
+  if (!c) return;
   const int n_ranks = dynemb_comm_size(c), me = dynemb_comm_rank(c);
   int64_t status = 0, dim = 0, n = 0;
   float lr = 0;
@@ -506,52 +627,51 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
       lr = *(const float *)TF_TensorData(lrt);
     }
   }
-  if (!status) {
-    dest = malloc((size_t)(n ? n : 1) * sizeof *dest);
-    at = malloc((size_t)(n ? n : 1) * sizeof *at);
-    if (!dest || !at) {
+  if (!status &&
+      dynemb_route_build(&rt, TF_TensorData(keyt), (size_t)n, n_ranks)) {
+    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded apply: out of memory");
+    status = PART_FAILED;
+  }
+  const size_t row_bytes = (size_t)dim * sizeof(float);
+  if (!status) { /* a key's rows summed here, in the batch's order */
+    sums = calloc(rt.n_unique ? rt.n_unique * (size_t)dim : 1, sizeof *sums);
+    if (!sums) {
       fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded apply: out of memory");
       status = PART_FAILED;
     }
   }
-  const int64_t *keys = status ? NULL : TF_TensorData(keyt);
-  const float *g = status ? NULL : TF_TensorData(grads);
-  if (!status)
-    route(keys, n, n_ranks, dest, at, pt.count);
-  const size_t row_bytes = (size_t)dim * sizeof(float);
-  const size_t pair = sizeof(int64_t) + row_bytes;
-  size_t total = 0;
-  for (int r = 0; r < n_ranks; r++) {
-    pt.soff[r] = total;
-    pt.slen[r] = GRAD_HEAD + (status ? 0 : pt.count[r] * pair);
-    total += pt.slen[r];
+  if (!status) {
+    const float *g = TF_TensorData(grads);
+    for (int64_t i = 0; i < n; i++) {
+      float *s = sums + rt.uniq_of[i] * (size_t)dim;
+      for (int64_t d = 0; d < dim; d++) s[d] += g[i * dim + d];
+    }
   }
-  if (!(send = malloc(total))) {
-    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded apply: out of memory");
+  grads_arg ga = {&rt, sizeof(int64_t) + row_bytes};
+  if (!(send = layout(ctx, &pt, n_ranks, GRAD_HEAD, status ? NULL : grads_bytes,
+                      &ga, "sharded apply")))
     goto done;
-  }
   for (int r = 0; r < n_ranks; r++) {
     int64_t head[2] = {status, dim};
-    memcpy(send + pt.soff[r], head, sizeof head);
+    char *part = send + pt.soff[r];
+    memcpy(part, head, sizeof head);
+    size_t u = status ? 0 : rt.first[r + 1] - rt.first[r];
+    if (!u) continue;
+    memcpy(part + GRAD_HEAD, rt.ukey + rt.first[r], u * sizeof(int64_t));
+    memcpy(part + GRAD_HEAD + u * sizeof(int64_t),
+           sums + rt.first[r] * (size_t)dim, u * row_bytes);
   }
-  if (!status)
-    for (int64_t i = 0; i < n; i++) {
-      char *part = send + pt.soff[dest[i]] + GRAD_HEAD;
-      memcpy(part + at[i] * sizeof(int64_t), &keys[i], sizeof(int64_t));
-      memcpy(part + pt.count[dest[i]] * sizeof(int64_t) + at[i] * row_bytes,
-             g + i * dim, row_bytes);
-    }
   if (exchange(ctx, c, k, "sharded apply", send, pt.soff, pt.slen,
                (void **)&recv, pt.roff, pt.rlen))
     goto done;
-  if (status)
-    goto done;
+  if (status) goto done;
   int bad = failed_peer(recv, pt.roff, pt.rlen, n_ranks, me);
   if (bad >= 0) {
     fail_peer(ctx, k, "sharded apply", bad);
     goto done;
   }
   size_t n_owned = 0;
+  const size_t pair = sizeof(int64_t) + row_bytes;
   for (int r = 0; r < n_ranks; r++) {
     int64_t head[2];
     memcpy(head, recv + pt.roff[r], sizeof head);
@@ -566,13 +686,13 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
     n_owned += len / pair;
   }
   okeys = malloc((n_owned ? n_owned : 1) * sizeof *okeys);
-  ograds = malloc((n_owned ? n_owned : 1) * row_bytes);
+  ograds = malloc((n_owned ? n_owned : 1) * (row_bytes ? row_bytes : 1));
   if (!okeys || !ograds) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded apply: out of memory");
     goto done;
   }
   size_t filled = 0;
-  for (int r = 0; r < n_ranks; r++) {
+  for (int r = 0; r < n_ranks; r++) { /* every rank's rows, in rank order */
     size_t m = (pt.rlen[r] - GRAD_HEAD) / pair;
     const char *part = recv + pt.roff[r] + GRAD_HEAD;
     memcpy(okeys + filled, part, m * sizeof(int64_t));
@@ -582,8 +702,7 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   }
   if (k->average) {
     const float inv = 1.0f / (float)n_ranks;
-    for (size_t i = 0; i < n_owned * (size_t)dim; i++)
-      ograds[i] *= inv;
+    for (size_t i = 0; i < n_owned * (size_t)dim; i++) ograds[i] *= inv;
   }
   /* Called with no keys too: a step counts for every rank's table (lazy
    * Adam's bias correction reads the table's step count). */
@@ -600,14 +719,11 @@ done:
   free(recv);
   free(okeys);
   free(ograds);
-  free(dest);
-  free(at);
-  if (keyt)
-    TF_DeleteTensor(keyt);
-  if (grads)
-    TF_DeleteTensor(grads);
-  if (lrt)
-    TF_DeleteTensor(lrt);
+  free(sums);
+  dynemb_route_free(&rt);
+  if (keyt) TF_DeleteTensor(keyt);
+  if (grads) TF_DeleteTensor(grads);
+  if (lrt) TF_DeleteTensor(lrt);
   dynemb_table_release(t);
 }
 
@@ -627,8 +743,7 @@ static void chunk(int64_t total, int n, int r, int64_t *lo, int64_t *hi) {
 static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   const sstate *k = p;
   dynemb_comm *c = world(ctx, k, "allreduce");
-  if (!c)
-    return;
+  if (!c) return;
   const int n_ranks = dynemb_comm_size(c), me = dynemb_comm_rank(c);
   TF_Status *st = TF_NewStatus();
   TF_InputRange_Args range = {.struct_size = TF_InputRange_Args_STRUCT_SIZE,
@@ -658,10 +773,8 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
     }
     first[i + 1] = first[i] + TF_TensorElementCount(in[i]);
   }
-  if (!status)
-    total = first[n_in];
-  if (!pt.soff)
-    goto done; /* (the peers time out naming this rank) */
+  if (!status) total = first[n_in];
+  if (!pt.soff) goto done; /* (the peers time out naming this rank) */
   if (!status && !(flat = malloc((size_t)(total ? total : 1) * sizeof *flat))) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb allreduce: out of memory");
     status = PART_FAILED;
@@ -718,8 +831,7 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
     /* In rank order, the same on every rank: every rank gets the same
      * bits. */
     for (int r = 0; r < n_ranks; r++) {
-      if (k->reduction == REDUCE_BROADCAST && r != 0)
-        continue;
+      if (k->reduction == REDUCE_BROADCAST && r != 0) continue;
       const float *part = (const float *)(recv + pt.roff[r] + REDUCE_HEAD);
       for (size_t i = 0; i < mine_n; i++) {
         float v;
@@ -728,8 +840,7 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
       }
     }
     if (k->reduction == REDUCE_MEAN)
-      for (size_t i = 0; i < mine_n; i++)
-        mine[i] /= (float)n_ranks;
+      for (size_t i = 0; i < mine_n; i++) mine[i] /= (float)n_ranks;
   }
   /* All-gather: every rank gets every reduced chunk. */
   free(send);
@@ -740,8 +851,7 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   }
   int64_t head[2] = {own_status, total};
   memcpy(send, head, sizeof head);
-  if (!own_status)
-    memcpy(send + REDUCE_HEAD, mine, mine_n * sizeof(float));
+  if (!own_status) memcpy(send + REDUCE_HEAD, mine, mine_n * sizeof(float));
   for (int r = 0; r < n_ranks; r++) {
     pt.soff[r] = 0;
     pt.slen[r] = gbytes;
@@ -749,10 +859,8 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   if (exchange(ctx, c, k, "allreduce", send, pt.soff, pt.slen,
                (void **)&gathered, pt.roff, pt.rlen))
     goto done;
-  if (status)
-    goto done;
-  if (bad < 0)
-    bad = failed_peer(gathered, pt.roff, pt.rlen, n_ranks, me);
+  if (status) goto done;
+  if (bad < 0) bad = failed_peer(gathered, pt.roff, pt.rlen, n_ranks, me);
   if (bad >= 0) {
     fail(ctx, TF_ABORTED,
          "dynemb allreduce: rank %d failed this step (its own error says why)",
@@ -783,19 +891,16 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
            i, nd);
       goto done;
     }
-    for (int d = 0; d < nd; d++)
-      dims[d] = TF_Dim(in[i], d);
+    for (int d = 0; d < nd; d++) dims[d] = TF_Dim(in[i], d);
     TF_Tensor *o = output(ctx, i, TF_FLOAT, dims, nd, sizeof(float));
-    if (!o)
-      goto done;
+    if (!o) goto done;
     memcpy(TF_TensorData(o), flat + first[i],
            (size_t)(first[i + 1] - first[i]) * sizeof(float));
     TF_DeleteTensor(o);
   }
 done:
   for (int i = 0; in && i < n_in; i++)
-    if (in[i])
-      TF_DeleteTensor(in[i]);
+    if (in[i]) TF_DeleteTensor(in[i]);
   free(in);
   free(first);
   free(flat);
