@@ -19,9 +19,16 @@ Reported (the last stdout line is one JSON object with --json):
                           cost, not a scaling claim);
   bytes_per_rank_step     payload bytes each rank sent to other ranks per step
                           (measured by the exchange's own counter), and
-  bytes_model             the same from the model's shapes (keys out, rows back,
-                          gradient rows out, the dense all-reduce), which the
-                          scale-out projection in docs/distributed.md uses;
+  bytes_model             the same from what the step must move (per unique key
+                          another rank owns: key and count out, row back, key and
+                          summed gradient out; heads; the dense all-reduce),
+                          which the scale-out projection uses;
+  forward_bytes_per_rank_step, forward_bytes_minimum, forward_over_minimum
+                          the lookups' bytes (a forward-only pass) against the
+                          least any lookup must move: unique remote keys x (key +
+                          row) bytes;
+  mpi_ms_per_step         time the slowest rank's threads spent in exchanges
+                          per step (waits for other ranks included);
   exchanges_per_step      all-to-all exchanges per step (a lookup: 2, an apply:
                           1, the dense all-reduce: 2);
   link_bytes_per_s        what one rank sends per second in exchanges of 4 MiB
@@ -29,9 +36,10 @@ Reported (the last stdout line is one JSON object with --json):
   empty_exchange_us       the latency of an exchange that carries nothing: the
                           transport's own bounds (bench/exchange_bench.c, in C,
                           under mpirun in the same invocation);
-  exchange_bound_ms       volume / link + exchanges x latency: the least the
-                          step's exchanges can cost on this transport (they run
-                          one after another: a chain);
+  step_part_exchange_us   one exchange of the step's average part size, alone
+                          (the transport, not a bound: a step's parts differ in
+                          size, and small ones stay in cache);
+  mpi_share_of_step       mpi_ms_per_step / step_ms_N;
   projection              per-rank bytes per step for 8-64 ranks at this run's
                           per-rank batch, from bytes_model corrected by its
                           measured ratio, and their time at 25 and 100 Gb/s.
@@ -57,6 +65,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--ids-per-row", type=int, default=4)
     p.add_argument("--vocab", type=int, default=1_000_000)
+    p.add_argument("--zipf", type=float, default=0.0,
+                   help="ids zipf-distributed with this exponent (> 1; 0: uniform)")
     p.add_argument("--batch", type=int, default=2048, help="global batch (examples)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
@@ -77,8 +87,9 @@ def worker(a: argparse.Namespace) -> None:
     rank, size = dynemb.get_rank_id(), dynemb.get_rank_size()
     local = a.batch // size
     rng = np.random.default_rng(rank + 1)
-    batches = [rng.integers(0, a.vocab, size=(local, a.tables, a.ids_per_row))
-               for _ in range(8)]
+    shape = (local, a.tables, a.ids_per_row)
+    batches = [(rng.zipf(a.zipf, size=shape) % a.vocab if a.zipf else
+                rng.integers(0, a.vocab, size=shape)).astype(np.int64) for _ in range(8)]
     labels = rng.integers(0, 2, size=(local, 1)).astype(np.float32)
     ids = tf.compat.v1.placeholder(tf.int64, [local, a.tables, a.ids_per_row])
     opt = dynemb.optimizers.adagrad.create_hash_optimizer(0.05, 0.1)
@@ -111,16 +122,43 @@ def worker(a: argparse.Namespace) -> None:
         sess.run(tf.compat.v1.global_variables_initializer())
         for s in range(a.warmup):
             sess.run(step, {ids: batches[s % len(batches)]})
+        # forward only (the lookups' two exchanges per table): its bytes
         sent0 = world.bytes_sent() if world else 0
+        for s in range(a.steps):
+            sess.run(loss, {ids: batches[s % len(batches)]})
+        forward = (world.bytes_sent() - sent0) / a.steps if world else 0
+        sent0 = world.bytes_sent() if world else 0
+        mpi0 = world.seconds() if world else 0.0
         for s in range(a.steps):
             t0 = time.perf_counter()
             sess.run(step, {ids: batches[s % len(batches)]})
             times.append(time.perf_counter() - t0)
         sent = (world.bytes_sent() - sent0) if world else 0
+        mpi = (world.seconds() - mpi0) if world else 0.0
     out = {"rank": rank, "size": size, "times": times, "bytes_per_step": sent / a.steps,
-           "exchanges_per_step": exchanges, "dense_floats": dense_floats}
+           "forward_bytes_per_step": forward, "mpi_s_per_step": mpi / a.steps,
+           "exchanges_per_step": exchanges, "dense_floats": dense_floats,
+           "remote_unique_per_step": _remote_unique(batches, a, rank, size)}
     with open(os.path.join(a.worker, "%d.json" % rank), "w") as f:
         json.dump(out, f)
+
+
+def _remote_unique(batches, a, rank: int, size: int) -> float:
+    """Unique keys per step (summed over tables) that another rank owns: the
+    keys whose rows must cross the link (the timed steps cycle over
+    `batches`)."""
+    import numpy as np
+
+    from dynemb import _lib
+    if size == 1:
+        return 0.0
+    total = 0
+    for b in batches:
+        for t in range(a.tables):
+            keys = np.unique(b[:, t, :])
+            total += sum(1 for k in keys.tolist()
+                         if _lib.clib.dynemb_key_shard(int(k), size) != rank)
+    return total / len(batches)
 
 
 def _mpirun(ranks: int) -> list:
@@ -128,15 +166,16 @@ def _mpirun(ranks: int) -> list:
             "-np", str(ranks)] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
 
 
-def link(ranks: int) -> dict:
+def link(ranks: int, step_part: int) -> dict:
     """The exchange's own bounds (bench/exchange_bench.c, in C, under mpirun):
-    an empty exchange's latency and one rank's send throughput in exchanges
-    of 4 MiB parts. No step can exchange faster than its transport."""
+    an empty exchange's latency, an exchange of `step_part`-byte parts, and
+    one rank's send throughput in exchanges of 4 MiB parts. No step can
+    exchange faster than its transport."""
     prog = os.path.join(ROOT, "build", "bench", "exchange_bench")
     if not os.path.isfile(prog):
         raise SystemExit("bench/ranks: %s is missing; build it with `make "
                          "build/bench/exchange_bench` (or run `make bench-ranks`)" % prog)
-    out = subprocess.run(_mpirun(ranks) + [prog], check=True, capture_output=True, text=True,
+    out = subprocess.run(_mpirun(ranks) + [prog, str(step_part)], check=True, capture_output=True, text=True,
                          timeout=300).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -154,29 +193,37 @@ def run(a: argparse.Namespace, ranks: int) -> list:
         return [json.load(open(os.path.join(d, "%d.json" % r))) for r in range(ranks)]
 
 
-def model_bytes(a: argparse.Namespace, n: int, dense_floats: int) -> float:
-    """Bytes a rank sends to other ranks per step, from the shapes: a key
-    goes to another rank with probability (n-1)/n; per id: its key (8 bytes)
-    out, its row (4*dim) back, its key and gradient row (8 + 4*dim) out;
-    headers (16 bytes per part and exchange); the dense all-reduce sends
-    (n-1)/n of the dense floats twice (reduce-scatter, all-gather)."""
-    ids = a.batch // n * a.tables * a.ids_per_row
-    remote = (n - 1) / n
-    per_id = 8 + 4 * a.dim + 8 + 4 * a.dim
-    headers = 16 * (n - 1) * (3 * a.tables + 2)
-    return ids * remote * per_id + headers + 2 * 4 * dense_floats * remote + 16 * (n - 1) * 2
+def model_bytes(a: argparse.Namespace, n: int, dense_floats: int, remote_unique: float) -> float:
+    """Bytes a rank sends to other ranks per step, from what the step must
+    move: per unique key another rank owns, the key and its occurrence count
+    (8 + 4 bytes) out, its row (4*dim) back, then the key and its summed
+    gradient row (8 + 4*dim) out; the parts' heads (32 bytes per part for
+    the lookup's two exchanges, 16 for the apply's); the dense all-reduce's
+    2 (n-1)/n of the dense floats."""
+    per_key = (8 + 4) + 4 * a.dim + 8 + 4 * a.dim
+    heads = (n - 1) * a.tables * (32 * 2 + 16) + (n - 1) * 2 * 16
+    return remote_unique * per_key + heads + 2 * 4 * dense_floats * (n - 1) / n
 
 
-def projection(a: argparse.Namespace, dense_floats: int, measured_over_model: float) -> list:
+def minimum_forward(a: argparse.Namespace, remote_unique: float) -> float:
+    """The least a lookup can move: each unique remote key once out (8
+    bytes) and its row once back (4*dim)."""
+    return remote_unique * (8 + 4 * a.dim)
+
+
+def projection(a: argparse.Namespace, dense_floats: int, unique_share: float,
+               measured_over_model: float) -> list:
     """Bytes per rank and step for 8..64 ranks at this run's per-rank batch
-    (batch / ranks: more ranks, more data), from bytes_model corrected by
-    its measured ratio, and what they cost at 25 and 100 Gb/s per rank (the
-    bandwidth term only: per-exchange latency depends on the network)."""
+    (batch / ranks: more ranks, more data), with this run's share of
+    unique ids among the ids, from model_bytes corrected by its measured
+    ratio, and what they cost at 25 and 100 Gb/s per rank (the bandwidth
+    term only: per-exchange latency depends on the network)."""
     local = a.batch // a.ranks
+    ids = local * a.tables * a.ids_per_row
     rows = []
     for n in (8, 16, 32, 64):
-        scaled = argparse.Namespace(**dict(vars(a), batch=local * n))
-        volume = model_bytes(scaled, n, dense_floats) * measured_over_model
+        remote_unique = ids * unique_share * (n - 1) / n
+        volume = model_bytes(a, n, dense_floats, remote_unique) * measured_over_model
         rows.append({"ranks": n, "bytes_per_rank_step": volume,
                      "ms_at_25gbps": volume / (25e9 / 8) * 1e3,
                      "ms_at_100gbps": volume / (100e9 / 8) * 1e3})
@@ -190,24 +237,37 @@ def main(argv=None) -> int:
         return 0
     if a.ranks < 2:
         raise SystemExit("bench/ranks: --ranks must be >= 2 (it compares with one process)")
-    one, many, bounds = run(a, 1), run(a, a.ranks), link(a.ranks)
+    one, many = run(a, 1), run(a, a.ranks)
+    # the step's average part: its bytes over its exchanges and peers
+    bounds = link(a.ranks, int(statistics.mean(r["bytes_per_step"] for r in many) /
+                               many[0]["exchanges_per_step"] / (a.ranks - 1)))
     med1 = statistics.median(one[0]["times"])
     medn = max(statistics.median(r["times"]) for r in many)
     sent = [r["bytes_per_step"] for r in many]
+    remote = statistics.mean(r["remote_unique_per_step"] for r in many)
+    dense_floats = many[0]["dense_floats"]
     out = {
         "config": {k: v for k, v in vars(a).items() if k not in ("worker", "json")},
         "step_ms_1": med1 * 1e3, "step_ms_N": medn * 1e3,
         "samples_per_s_1": a.batch / med1, "samples_per_s_N": a.batch / medn,
         "speedup": med1 / medn,
         "bytes_per_rank_step": statistics.mean(sent),
-        "bytes_model": model_bytes(a, a.ranks, many[0]["dense_floats"]),
+        "bytes_model": model_bytes(a, a.ranks, dense_floats, remote),
+        "forward_bytes_per_rank_step": statistics.mean(
+            r["forward_bytes_per_step"] for r in many),
+        "forward_bytes_minimum": minimum_forward(a, remote),
+        "mpi_ms_per_step": max(r["mpi_s_per_step"] for r in many) * 1e3,
         "exchanges_per_step": many[0]["exchanges_per_step"],
         "link_bytes_per_s": bounds["link_bytes_per_s"],
         "empty_exchange_us": bounds["empty_exchange_us"],
     }
-    out["exchange_bound_ms"] = (out["bytes_per_rank_step"] / out["link_bytes_per_s"] * 1e3 +
-                                out["exchanges_per_step"] * out["empty_exchange_us"] / 1e3)
-    out["projection"] = projection(a, many[0]["dense_floats"],
+    out["forward_over_minimum"] = (out["forward_bytes_per_rank_step"] /
+                                   out["forward_bytes_minimum"])
+    out["step_part_exchange_us"] = bounds["step_part_exchange_us"]
+    out["mpi_share_of_step"] = out["mpi_ms_per_step"] / out["step_ms_N"]
+    ids_per_rank = a.batch // a.ranks * a.tables * a.ids_per_row
+    unique_share = remote / (ids_per_rank * (a.ranks - 1) / a.ranks)
+    out["projection"] = projection(a, dense_floats, unique_share,
                                    out["bytes_per_rank_step"] / out["bytes_model"])
     if a.json:
         print(json.dumps(out))

@@ -98,6 +98,11 @@ DYNEMB_COMM_API int dynemb_comm_alltoallv_async(
  * the benchmarks' per-step volumes. */
 DYNEMB_COMM_API uint64_t dynemb_comm_bytes_sent(const dynemb_comm *c);
 
+/* Seconds threads of this rank have spent in blocking exchanges (from the
+ * start of one to its end, waits for other ranks included), for the
+ * benchmarks' time in MPI per step. */
+DYNEMB_COMM_API double dynemb_comm_seconds(const dynemb_comm *c);
+
 #ifdef __cplusplus
 }
 #endif

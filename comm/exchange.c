@@ -45,6 +45,7 @@ struct dynemb_comm {
   channel_state *ch;
   size_t n_ch, cap_ch;
   _Atomic uint64_t bytes_sent;
+  _Atomic uint64_t exchange_ns; /* time in blocking exchanges */
   /* Set by the first exchange that failed for a peer (deadline, wrong
    * sequence): the ranks' channels no longer agree, so every later exchange
    * fails at once with this error instead of waiting for its own deadline
@@ -154,6 +155,10 @@ void dynemb_comm_abort(dynemb_comm *c, int code) { MPI_Abort(c->world, code); }
 int dynemb_comm_rank(const dynemb_comm *c) { return c->rank; }
 int dynemb_comm_size(const dynemb_comm *c) { return c->size; }
 int dynemb_comm_local_size(const dynemb_comm *c) { return c->local_size; }
+double dynemb_comm_seconds(const dynemb_comm *c) {
+  return 1e-9 * (double)atomic_load(&((dynemb_comm *)c)->exchange_ns);
+}
+
 uint64_t dynemb_comm_bytes_sent(const dynemb_comm *c) {
   return atomic_load(&((dynemb_comm *)c)->bytes_sent);
 }
@@ -453,6 +458,7 @@ int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
                           void **recv, size_t *recv_offset, size_t *recv_bytes,
                           char *err, size_t err_len) {
   *recv = NULL;
+  const double t0 = MPI_Wtime();
   exchange *x = exchange_post(c, channel, send, send_offset, send_bytes, err,
                               err_len);
   if (!x) return -1;
@@ -472,6 +478,7 @@ int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, const void *send,
   if (rc) fail(err, err_len, "%s", x->err);
   channel_end(c, channel);
   exchange_free(x);
+  atomic_fetch_add(&c->exchange_ns, (uint64_t)((MPI_Wtime() - t0) * 1e9));
   return rc;
 }
 

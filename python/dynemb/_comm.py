@@ -77,6 +77,10 @@ class World:
         """Payload bytes this rank has sent to other ranks (benchmarks)."""
         return int(self._lib.dynemb_comm_bytes_sent(self._handle))
 
+    def seconds(self) -> float:
+        """Seconds this rank's threads spent in blocking exchanges."""
+        return float(self._lib.dynemb_comm_seconds(self._handle))
+
     def close(self) -> None:
         if self._handle:
             self._lib.dynemb_comm_close(self._handle)
@@ -130,6 +134,8 @@ def world() -> World:
     lib.dynemb_comm_alltoallv.restype = ctypes.c_int
     lib.dynemb_comm_bytes_sent.argtypes = [ctypes.c_void_p]
     lib.dynemb_comm_bytes_sent.restype = ctypes.c_uint64
+    lib.dynemb_comm_seconds.argtypes = [ctypes.c_void_p]
+    lib.dynemb_comm_seconds.restype = ctypes.c_double
     lib.dynemb_comm_close.argtypes = [ctypes.c_void_p]
     lib.dynemb_comm_close.restype = None
     handle = ctypes.c_void_p()

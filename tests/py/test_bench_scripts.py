@@ -133,3 +133,6 @@ def test_ranks_json():
     assert j["exchanges_per_step"] == 3 * 2 + 2
     assert j["link_bytes_per_s"] > 0 and j["empty_exchange_us"] > 0
     assert [p["ranks"] for p in j["projection"]] == [8, 16, 32, 64]
+    # unique keys once each way: the lookups' bytes near the least possible
+    assert 1.0 <= j["forward_over_minimum"] < 1.3, j
+    assert j["mpi_ms_per_step"] > 0
