@@ -152,6 +152,11 @@ build/libdynemb.a $(FLAVOURS:%=build/%/libdynemb.a):
 build/asan/test_%: tests/c/test_%.c $(UNLESS_DEPS) build/asan/libdynemb.a
 	$(CC) $(BASEFLAGS) $(ASAN_FLAGS) -Itests/c $< build/asan/libdynemb.a -o $@ $(LDLIBS)
 
+# The route of the op library of several ranks (tf/route.c) is plain C: its
+# test runs under the sanitizers with the engine's.
+build/asan/test_route: tests/c/test_route.c tf/route.c tf/route.h $(UNLESS_DEPS) build/asan/libdynemb.a
+	$(CC) $(BASEFLAGS) $(ASAN_FLAGS) -Itests/c -Itf $< tf/route.c build/asan/libdynemb.a -o $@ $(LDLIBS)
+
 build/tsan/tsan_%: tests/c/tsan_%.c $(UNLESS_DEPS) build/tsan/libdynemb.a
 	$(CC) $(BASEFLAGS) $(TSAN_FLAGS) -Itests/c $< build/tsan/libdynemb.a -o $@ $(LDLIBS)
 
