@@ -302,6 +302,14 @@ static exchange *exchange_post(dynemb_comm *c, uint32_t channel,
          channel, c->broken_err);
   pthread_mutex_unlock(&c->mu);
   if (broken) return NULL;
+  for (int p = 0; p < c->size; p++) /* before anything is sent */
+    if (p != c->rank && send_bytes[p] > (size_t)INT32_MAX - sizeof(header)) {
+      fail(err, err_len,
+           "exchange channel %u: %zu bytes for rank %d exceed one MPI "
+           "message (2 GiB); use smaller batches",
+           channel, send_bytes[p], p);
+      return NULL;
+    }
   uint64_t seq = 0;
   int begun = channel_begin(c, channel, &seq);
   if (begun == -1) {
@@ -342,18 +350,11 @@ static exchange *exchange_post(dynemb_comm *c, uint32_t channel,
   for (int p = 0; p < n; p++) {
     if (p == me) continue;
     size_t len = sizeof h + send_bytes[p];
-    if (len > (size_t)INT32_MAX) {
-      fail(err, err_len,
-           "exchange channel %u: %zu bytes for rank %d exceed one MPI "
-           "message (2 GiB); use smaller batches",
-           channel, send_bytes[p], p);
-      exchange_free(x);
-      channel_end(c, channel);
-      return NULL;
-    }
     x->sbuf[p] = malloc(len);
     if (!x->sbuf[p]) {
+      /* earlier peers have their parts: the ranks no longer agree */
       fail(err, err_len, "out of memory");
+      mark_broken(c, err);
       exchange_free(x);
       channel_end(c, channel);
       return NULL;

@@ -34,6 +34,7 @@ void dynemb_route_free(dynemb_route *r) {
 int dynemb_route_build(dynemb_route *r, const int64_t *keys, size_t n,
                        int ranks) {
   memset(r, 0, sizeof *r);
+  if (n >= UINT32_MAX / 2) return -1; /* (32-bit numbers and counts) */
   r->ranks = ranks;
   r->n = n;
   size_t cap = 16;

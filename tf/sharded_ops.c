@@ -160,6 +160,19 @@ static int exchange(TF_OpKernelContext *ctx, dynemb_comm *c, const sstate *k,
   return -1;
 }
 
+/* Per-rank arrays of the exchanges (offsets and lengths, sent and
+ * received), one allocation. */
+typedef struct parts {
+  size_t *soff, *slen, *roff, *rlen;
+} parts;
+
+static int parts_alloc(parts *pt, int n) {
+  size_t *a = calloc((size_t)n * 4, sizeof *a);
+  if (!a) return -1;
+  *pt = (parts){a, a + n, a + 2 * n, a + 3 * n};
+  return 0;
+}
+
 /* Status words: 0 is fine; a failing rank sends this. */
 #define PART_FAILED 1
 
@@ -176,6 +189,26 @@ static int failed_peer(const char *recv, const size_t *roff, const size_t *rlen,
   return -1;
 }
 
+/* Takes part in `times` more exchanges of the call with a failed head only:
+ * this rank's kernel failed (and says why), and every rank must run every
+ * exchange of the call, so that its peers fail at once instead of at the
+ * deadline and the channel's sequence stays the same on every rank. */
+static void exchange_failed(dynemb_comm *c, const sstate *k, parts *pt, int n,
+                            int times) {
+  int64_t head[4] = {PART_FAILED, 0, 0, 0};
+  for (int r = 0; r < n; r++) {
+    pt->soff[r] = 0;
+    pt->slen[r] = sizeof head;
+  }
+  char err[256];
+  for (int i = 0; i < times; i++) {
+    void *recv = NULL;
+    dynemb_comm_alltoallv(c, (uint32_t)k->channel, head, pt->soff, pt->slen,
+                          &recv, pt->roff, pt->rlen, err, sizeof err);
+    free(recv);
+  }
+}
+
 static void fail_peer(TF_OpKernelContext *ctx, const sstate *k, const char *op,
                       int p) {
   fail(ctx, TF_ABORTED,
@@ -184,8 +217,6 @@ static void fail_peer(TF_OpKernelContext *ctx, const sstate *k, const char *op,
        op, k->table_name ? k->table_name : "-", p);
 }
 
-/* Where each of n keys goes: dest[i] (its owner), at[i] (its place among
- * the keys sent to that owner), count[p] keys for owner p. */
 /* mxRec's send_count (static-shape mode): the unique ids this rank sends
  * to each owner must fit it. 0 when they do; otherwise fails the kernel
  * naming the owner, the count and the fix. */
@@ -206,19 +237,6 @@ static int check_send_count(TF_OpKernelContext *ctx, const sstate *k,
   return 0;
 }
 
-/* Per-rank arrays of the exchanges (offsets and lengths, sent and
- * received), one allocation. */
-typedef struct parts {
-  size_t *soff, *slen, *roff, *rlen;
-} parts;
-
-static int parts_alloc(parts *pt, int n) {
-  size_t *a = calloc((size_t)n * 4, sizeof *a);
-  if (!a) return -1;
-  *pt = (parts){a, a + n, a + 2 * n, a + 3 * n};
-  return 0;
-}
-
 /* Lays out one part per rank: part r is head + bytes(r) long. Returns the
  * send buffer (zeroed), or NULL after failing the kernel. */
 static char *layout(TF_OpKernelContext *ctx, parts *pt, int n, size_t head,
@@ -229,6 +247,13 @@ static char *layout(TF_OpKernelContext *ctx, parts *pt, int n, size_t head,
     pt->soff[r] = total;
     pt->slen[r] = head + (bytes ? bytes(arg, r) : 0);
     total += pt->slen[r];
+    if (pt->slen[r] > (size_t)INT32_MAX - 64) { /* one MPI message */
+      fail(ctx, TF_INVALID_ARGUMENT,
+           "dynemb %s: this batch sends %zu bytes to rank %d, more than one "
+           "MPI message holds (2 GiB); use smaller batches or more ranks",
+           op, pt->slen[r], r);
+      return NULL;
+    }
   }
   char *send = calloc(total ? total : 1, 1);
   if (!send) fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb %s: out of memory", op);
@@ -260,9 +285,9 @@ static size_t keys_bytes(const void *p, int r) {
 /* What an owner received from one rank. */
 typedef struct asked {
   int64_t status, now, u, flags;
-  const int64_t *keys; /* [u] (unaligned: read with memcpy) */
-  const char *counts;  /* [u] uint32, or NULL: ones */
-  size_t first;        /* its first key among the owner's */
+  const char *keys;   /* [u] int64 (unaligned: read with memcpy) */
+  const char *counts; /* [u] uint32, or NULL: ones */
+  size_t first;       /* its first key among the owner's */
 } asked;
 
 static uint32_t count_of(const asked *a, size_t j) {
@@ -303,7 +328,7 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
     for (int64_t j = 0; j < a[r].u; j++)
       for (uint32_t c = count_of(&a[r], (size_t)j); c; c--)
         each[e++] = ukeys[a[r].first + (size_t)j];
-  /* (no keys: still a step for the table's clock, as one process) */
+  /* (also with no keys; the engine then leaves the table as it is) */
   if (!rc)
     rc = dynemb_prepare(t, each, expanded, DYNEMB_LOOKUP_TRAIN, now, tickets);
   /* A key's occurrences that came before its admission are the first ones
@@ -358,18 +383,24 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const int n_ranks = dynemb_comm_size(c), me = dynemb_comm_rank(c);
   int64_t status = 0, now = 0, dim = 0, n = 0;
   const int64_t *keys = NULL;
+  if (parts_alloc(&pt, n_ranks)) {
+    fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
+    return; /* (the peers time out naming this rank) */
+  }
   a = calloc((size_t)n_ranks, sizeof *a);
   flags = calloc((size_t)n_ranks, sizeof *flags);
-  if (parts_alloc(&pt, n_ranks) || !a || !flags) {
+  if (!a || !flags) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
-    goto done; /* (the peers time out naming this rank) */
+    exchange_failed(c, k, &pt, n_ranks, 2);
+    goto done;
   }
   /* Local failures (reported by the kernel already) still take part in
    * both exchanges, with a failed status. */
+  int found = 0;
   if (!(ids = input(ctx, "ids")) || !(nowt = input(ctx, "now")) ||
       scalar_i64(ctx, nowt, "sharded lookup", "now", &now) ||
-      dynemb_table_find(k->table_name, &t) != DYNEMB_OK) {
-    if (ids && nowt && !t)
+      !(found = dynemb_table_find(k->table_name, &t) == DYNEMB_OK)) {
+    if (ids && nowt && !found && !t)
       fail(ctx, TF_NOT_FOUND,
            "dynemb sharded lookup: table '%s' is not registered in this "
            "process; create it with dynemb.create_table(name='%s', ...) on "
@@ -399,8 +430,10 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
       if (rt.ucount[g] > 1) flags[r] = COUNTS;
   keys_arg ka = {&rt, flags};
   if (!(send = layout(ctx, &pt, n_ranks, HEAD, status ? NULL : keys_bytes, &ka,
-                      "sharded lookup")))
+                      "sharded lookup"))) {
+    exchange_failed(c, k, &pt, n_ranks, 2);
     goto done;
+  }
   for (int r = 0; r < n_ranks; r++) {
     size_t u = status ? 0 : rt.first[r + 1] - rt.first[r];
     int64_t head[4] = {status, now, (int64_t)u, flags[r]};
@@ -413,8 +446,10 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
              u * sizeof(uint32_t));
   }
   if (exchange(ctx, c, k, "sharded lookup", send, pt.soff, pt.slen,
-               (void **)&recv, pt.roff, pt.rlen))
+               (void **)&recv, pt.roff, pt.rlen)) {
+    exchange_failed(c, k, &pt, n_ranks, 1);
     goto done;
+  }
   /* This rank as owner. */
   int bad = failed_peer(recv, pt.roff, pt.rlen, n_ranks, me);
   int64_t owner_status = status || bad >= 0 ? PART_FAILED : 0;
@@ -422,14 +457,10 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   int64_t now_max = 0;
   for (int r = 0; !owner_status && r < n_ranks; r++) {
     const char *part = recv + pt.roff[r];
-    int64_t head[4];
-    memcpy(head, part, sizeof head);
-    a[r] = (asked){head[0],
-                   head[1],
-                   head[2] < 0 ? 0 : head[2],
-                   head[3],
-                   (const int64_t *)(part + HEAD),
-                   NULL,
+    int64_t head[4] = {0, 0, 0, 0};
+    if (pt.rlen[r] >= HEAD) memcpy(head, part, sizeof head);
+    a[r] = (asked){head[0], head[1],     head[2] < 0 ? 0 : head[2],
+                   head[3], part + HEAD, NULL,
                    total};
     size_t want = HEAD + (size_t)a[r].u * sizeof(int64_t) +
                   (a[r].flags & COUNTS ? (size_t)a[r].u * sizeof(uint32_t) : 0);
@@ -469,9 +500,11 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   }
   free(send);
   rows_arg ra = {a, flags, row_bytes, (int)owner_status};
-  if (!(send =
-            layout(ctx, &pt, n_ranks, HEAD, rows_bytes, &ra, "sharded lookup")))
+  if (!(send = layout(ctx, &pt, n_ranks, HEAD, rows_bytes, &ra,
+                      "sharded lookup"))) {
+    exchange_failed(c, k, &pt, n_ranks, 1);
     goto done;
+  }
   for (int r = 0; r < n_ranks; r++) {
     size_t u = owner_status ? 0 : (size_t)a[r].u;
     int64_t head[4] = {owner_status, dim, (int64_t)u, flags[r]};
@@ -503,9 +536,9 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   }
   int any_default = 0;
   for (int r = 0; r < n_ranks; r++) {
-    int64_t head[4];
+    int64_t head[4] = {0, -1, -1, 0};
     const char *part = rows_recv + pt.roff[r];
-    memcpy(head, part, sizeof head);
+    if (pt.rlen[r] >= HEAD) memcpy(head, part, sizeof head);
     size_t u = rt.first[r + 1] - rt.first[r];
     size_t want =
         HEAD + (head[3] & DEFAULTS ? u * sizeof(uint32_t) : 0) + u * row_bytes;
@@ -649,8 +682,10 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   }
   grads_arg ga = {&rt, sizeof(int64_t) + row_bytes};
   if (!(send = layout(ctx, &pt, n_ranks, GRAD_HEAD, status ? NULL : grads_bytes,
-                      &ga, "sharded apply")))
+                      &ga, "sharded apply"))) {
+    exchange_failed(c, k, &pt, n_ranks, 1);
     goto done;
+  }
   for (int r = 0; r < n_ranks; r++) {
     int64_t head[2] = {status, dim};
     char *part = send + pt.soff[r];
@@ -673,9 +708,9 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   size_t n_owned = 0;
   const size_t pair = sizeof(int64_t) + row_bytes;
   for (int r = 0; r < n_ranks; r++) {
-    int64_t head[2];
-    memcpy(head, recv + pt.roff[r], sizeof head);
-    size_t len = pt.rlen[r] - GRAD_HEAD;
+    int64_t head[2] = {0, -1};
+    if (pt.rlen[r] >= GRAD_HEAD) memcpy(head, recv + pt.roff[r], sizeof head);
+    size_t len = pt.rlen[r] >= GRAD_HEAD ? pt.rlen[r] - GRAD_HEAD : 1;
     if (head[1] != dim || len % pair) {
       fail(ctx, TF_FAILED_PRECONDITION,
            "dynemb sharded apply: table '%s' has dim %lld on rank %d but %lld "
@@ -793,6 +828,7 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   }
   if (!(send = malloc(bytes))) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb allreduce: out of memory");
+    exchange_failed(c, k, &pt, n_ranks, 2);
     goto done;
   }
   for (int r = 0; r < n_ranks; r++) {
@@ -804,16 +840,18 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
              (size_t)(hi - lo) * sizeof(float));
   }
   if (exchange(ctx, c, k, "allreduce", send, pt.soff, pt.slen, (void **)&recv,
-               pt.roff, pt.rlen))
+               pt.roff, pt.rlen)) {
+    exchange_failed(c, k, &pt, n_ranks, 1);
     goto done;
+  }
   int bad = failed_peer(recv, pt.roff, pt.rlen, n_ranks, me);
   int64_t lo, hi;
   chunk(total, n_ranks, me, &lo, &hi);
   const size_t mine_n = (size_t)(hi - lo);
   int64_t own_status = status || bad >= 0 ? PART_FAILED : 0;
   for (int r = 0; !own_status && r < n_ranks; r++) {
-    int64_t head[2];
-    memcpy(head, recv + pt.roff[r], sizeof head);
+    int64_t head[2] = {0, -1};
+    if (pt.rlen[r] >= REDUCE_HEAD) memcpy(head, recv + pt.roff[r], sizeof head);
     if (head[1] != total) {
       fail(ctx, TF_FAILED_PRECONDITION,
            "dynemb allreduce: rank %d reduces %lld values, rank %d %lld; "
@@ -825,6 +863,7 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   }
   if (!(mine = calloc(mine_n ? mine_n : 1, sizeof *mine))) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb allreduce: out of memory");
+    exchange_failed(c, k, &pt, n_ranks, 1);
     goto done;
   }
   if (!own_status) {
@@ -847,6 +886,7 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   const size_t gbytes = REDUCE_HEAD + (own_status ? 0 : mine_n * sizeof(float));
   if (!(send = malloc(gbytes))) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb allreduce: out of memory");
+    exchange_failed(c, k, &pt, n_ranks, 1);
     goto done;
   }
   int64_t head[2] = {own_status, total};
