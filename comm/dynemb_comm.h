@@ -53,7 +53,9 @@ DYNEMB_COMM_API dynemb_comm *dynemb_comm_world(void);
  * it, end at once instead of at their exchange's deadline. */
 DYNEMB_COMM_API void dynemb_comm_abort(dynemb_comm *c, int code);
 
-/* Ends the exchange; MPI is finalised if dynemb_comm_open initialised it. */
+/* Ends the exchange; MPI is finalised if dynemb_comm_open initialised it.
+ * Peers still waiting in an exchange for this rank's part then fail at
+ * once with an error naming this rank. */
 DYNEMB_COMM_API void dynemb_comm_close(dynemb_comm *c);
 
 DYNEMB_COMM_API int dynemb_comm_rank(const dynemb_comm *c);

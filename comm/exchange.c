@@ -60,6 +60,11 @@ struct dynemb_comm {
   int progress_started, stopping;
 };
 
+/* The tag of the message a rank sends every peer when it leaves (channels
+ * start at 1): a rank still waiting for its part then fails at once, naming
+ * it, instead of at its deadline (a rank whose input ended first, say). */
+#define GOODBYE_TAG 0
+
 /* dynemb_comm_world's answer. */
 static _Atomic(dynemb_comm *) the_world;
 
@@ -139,6 +144,14 @@ void dynemb_comm_close(dynemb_comm *c) {
     pthread_cond_signal(&c->pending_cv);
     pthread_mutex_unlock(&c->pending_mu);
     pthread_join(c->progress, NULL);
+  }
+  /* Goodbye to every peer (0-byte, eager: complete at once) before MPI's
+   * finalize, which may wait for the others. */
+  for (int p = 0; p < c->size; p++) {
+    if (p == c->rank) continue;
+    MPI_Request req;
+    MPI_Isend(NULL, 0, MPI_BYTE, p, GOODBYE_TAG, c->world, &req);
+    MPI_Request_free(&req);
   }
   MPI_Comm_free(&c->world);
   pthread_mutex_destroy(&c->mu);
@@ -389,6 +402,21 @@ static int exchange_progress(dynemb_comm *c, exchange *x, int *progressed) {
     MPI_Message msg;
     MPI_Status st;
     MPI_Improbe(p, x->tag, c->world, &flag, &msg, &st);
+    if (!flag) {
+      int gone = 0;
+      MPI_Iprobe(p, GOODBYE_TAG, c->world, &gone, MPI_STATUS_IGNORE);
+      /* (its part, sent before the goodbye, may still be on its way on
+       * another path of the network: look once more for a second) */
+      double until = MPI_Wtime() + 1.0;
+      while (gone && !flag && MPI_Wtime() < until)
+        MPI_Improbe(p, x->tag, c->world, &flag, &msg, &st);
+      if (gone && !flag)
+        return fail(x->err, sizeof x->err,
+                    "exchange channel %u (exchange %llu): rank %d ended its "
+                    "run without this exchange (its input ran out first, or "
+                    "it runs another graph)",
+                    x->channel, (unsigned long long)x->seq, p);
+    }
     if (!flag) continue;
     int count = 0;
     MPI_Get_count(&st, MPI_BYTE, &count);

@@ -67,3 +67,15 @@ def test_send_count_overflow_is_an_error_naming_it(tmp_path):
     for r in failed:
         assert "above send_count = 2; raise send_count to at least" in r["error"], r
     assert took < 40, took
+
+
+def test_a_rank_that_runs_out_of_data_first_is_named_at_once(tmp_path):
+    """Rank 1 ends its run normally after 2 steps; rank 0, waiting for its
+    part of the next exchange, fails at once (not at the 4 s deadline)
+    naming rank 1."""
+    p, took, results = _launch("short", tmp_path)
+    assert p.returncode != 0 and p.returncode != 124, p.stderr[-2000:]
+    assert results[1]["did"] == "ran out of data"
+    assert results[0]["did"] == "failed", results[0]
+    assert "rank 1 ended its run without this exchange" in results[0]["error"]
+    assert results[0]["seconds"] < TIMEOUT_S + 10, results[0]

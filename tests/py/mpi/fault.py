@@ -5,7 +5,8 @@ trained for 6 steps, in which rank 1 misbehaves at step 2 as $FAULT says:
   exit   dies (os._exit(7)), as a killed process;
   raise  raises in its input (a batch of the wrong shape);
   send_count  every rank runs in static-shape mode with send_count = 2,
-         below the unique ids it sends to an owner.
+         below the unique ids it sends to an owner;
+  short  runs out of data: ends its run normally after 2 steps.
 Every rank writes what happened to it into $RESULTS/<rank>.json."""
 import json
 import os
@@ -52,10 +53,14 @@ with tf.compat.v1.Session() as sess:
                 if fault == "exit":
                     report(did="exited")
                     os._exit(7)
+                if fault == "short":
+                    report(did="ran out of data")
+                    break
                 if fault == "raise":
                     batch = np.arange(9)  # not [n, 2]: the feed raises
             sess.run(train, {ids: batch})
-        report(did="finished", seconds=time.time() - start)
+        if not (rank == 1 and fault == "short"):
+            report(did="finished", seconds=time.time() - start)
     except Exception as e:  # pylint: disable=broad-except
         report(did="failed", error="%s: %s" % (type(e).__name__, e),
                seconds=time.time() - start)
