@@ -42,6 +42,7 @@ typedef struct sstate {
   char *table_name;   /* lookup, apply */
   int is_train;       /* lookup */
   int64_t send_count; /* lookup: unique ids per owner at most (0: any) */
+  int replicated;     /* lookup, apply: every rank holds the whole table */
   int average;        /* apply */
   int64_t channel, ranks;
   int reduction; /* allreduce */
@@ -103,6 +104,7 @@ static void *create_sharded(TF_OpKernelConstruction *c, const char *what) {
       goto fail;
     if (strcmp(what, "apply") == 0 && get_bool(c, "average", &k->average, st))
       goto fail;
+    if (get_bool(c, "replicated", &k->replicated, st)) goto fail;
   }
   TF_DeleteStatus(st);
   return k;
@@ -271,14 +273,20 @@ static char *layout(TF_OpKernelContext *ctx, parts *pt, int n, size_t head,
  * key's admission; uint32; else none), then u rows. */
 enum { HEAD = 4 * sizeof(int64_t), COUNTS = 1, DEFAULTS = 1 };
 
+/* The route's group that part r carries: owner r's keys, or all keys for a
+ * replicated table (its route has one group, sent to every rank). */
+static int group_of(const sstate *k, int r) { return k->replicated ? 0 : r; }
+
 typedef struct keys_arg {
   const dynemb_route *rt;
   const int *with_counts;
+  const sstate *k;
 } keys_arg;
 
 static size_t keys_bytes(const void *p, int r) {
   const keys_arg *a = p;
-  size_t u = a->rt->first[r + 1] - a->rt->first[r];
+  int o = group_of(a->k, r);
+  size_t u = a->rt->first[o + 1] - a->rt->first[o];
   return u * sizeof(int64_t) + (a->with_counts[r] ? u * sizeof(uint32_t) : 0);
 }
 
@@ -419,30 +427,33 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
       !(keys =
             ids_as_int64(ctx, k->table_name, ids, n, "sharded lookup", &wide)))
     status = PART_FAILED;
-  if (!status && dynemb_route_build(&rt, keys, (size_t)n, n_ranks)) {
+  if (!status && dynemb_route_build(&rt, keys, (size_t)n,
+                                    k->replicated ? 1 : n_ranks)) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded lookup: out of memory");
     status = PART_FAILED;
   }
   if (!status && check_send_count(ctx, k, &rt)) status = PART_FAILED;
   /* First exchange: each owner gets its unique keys and their counts. */
   for (int r = 0; !status && r < n_ranks; r++)
-    for (size_t g = rt.first[r]; g < rt.first[r + 1]; g++)
+    for (size_t g = rt.first[group_of(k, r)]; g < rt.first[group_of(k, r) + 1];
+         g++)
       if (rt.ucount[g] > 1) flags[r] = COUNTS;
-  keys_arg ka = {&rt, flags};
+  keys_arg ka = {&rt, flags, k};
   if (!(send = layout(ctx, &pt, n_ranks, HEAD, status ? NULL : keys_bytes, &ka,
                       "sharded lookup"))) {
     exchange_failed(c, k, &pt, n_ranks, 2);
     goto done;
   }
   for (int r = 0; r < n_ranks; r++) {
-    size_t u = status ? 0 : rt.first[r + 1] - rt.first[r];
+    int o = group_of(k, r);
+    size_t u = status ? 0 : rt.first[o + 1] - rt.first[o];
     int64_t head[4] = {status, now, (int64_t)u, flags[r]};
     char *part = send + pt.soff[r];
     memcpy(part, head, sizeof head);
     if (!u) continue;
-    memcpy(part + HEAD, rt.ukey + rt.first[r], u * sizeof(int64_t));
+    memcpy(part + HEAD, rt.ukey + rt.first[o], u * sizeof(int64_t));
     if (flags[r] & COUNTS)
-      memcpy(part + HEAD + u * sizeof(int64_t), rt.ucount + rt.first[r],
+      memcpy(part + HEAD + u * sizeof(int64_t), rt.ucount + rt.first[o],
              u * sizeof(uint32_t));
   }
   if (exchange(ctx, c, k, "sharded lookup", send, pt.soff, pt.slen,
@@ -490,6 +501,34 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
       fail_engine(ctx, rc, "sharded lookup");
       owner_status = status = PART_FAILED;
     }
+  }
+  if (k->replicated) { /* every rank looked up every rank's keys alike */
+    if (status) goto done;
+    if (bad >= 0) {
+      fail_peer(ctx, k, "sharded lookup", bad);
+      goto done;
+    }
+    const float *mine = rows + a[me].first * (size_t)dim;
+    const uint32_t *m = defaults + a[me].first;
+    int any_default = 0;
+    for (size_t j = 0; j < rt.n_unique; j++) any_default |= m[j] > 0;
+    if (any_default) { /* the table's default row */
+      const dynemb_ticket none = DYNEMB_NOT_ADMITTED;
+      int rc = (def = malloc(row_bytes ? row_bytes : 1))
+                   ? dynemb_lookup_prepared(t, keys, &none, 1, def)
+                   : DYNEMB_ENOMEM;
+      if (rc != DYNEMB_OK) {
+        fail_engine(ctx, rc, "sharded lookup");
+        goto done;
+      }
+    }
+    float *o = TF_TensorData(out);
+    for (int64_t i = 0; i < n; i++) {
+      size_t g = rt.uniq_of[i];
+      memcpy(o + i * dim, rt.occ[i] < m[g] ? def : mine + g * (size_t)dim,
+             row_bytes);
+    }
+    goto done;
   }
   /* Second exchange: one row per unique key goes back to the rank that
    * asked, with the count of its occurrences that read the default. */
@@ -608,11 +647,13 @@ enum { GRAD_HEAD = 2 * sizeof(int64_t) };
 typedef struct grads_arg {
   const dynemb_route *rt;
   size_t pair;
+  const sstate *k;
 } grads_arg;
 
 static size_t grads_bytes(const void *p, int r) {
   const grads_arg *x = p;
-  return (x->rt->first[r + 1] - x->rt->first[r]) * x->pair;
+  int o = group_of(x->k, r);
+  return (x->rt->first[o + 1] - x->rt->first[o]) * x->pair;
 }
 
 static void apply_compute(void *p, TF_OpKernelContext *ctx) {
@@ -661,7 +702,8 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
     }
   }
   if (!status &&
-      dynemb_route_build(&rt, TF_TensorData(keyt), (size_t)n, n_ranks)) {
+      dynemb_route_build(&rt, TF_TensorData(keyt), (size_t)n,
+                         k->replicated ? 1 : n_ranks)) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb sharded apply: out of memory");
     status = PART_FAILED;
   }
@@ -680,7 +722,7 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
       for (int64_t d = 0; d < dim; d++) s[d] += g[i * dim + d];
     }
   }
-  grads_arg ga = {&rt, sizeof(int64_t) + row_bytes};
+  grads_arg ga = {&rt, sizeof(int64_t) + row_bytes, k};
   if (!(send = layout(ctx, &pt, n_ranks, GRAD_HEAD, status ? NULL : grads_bytes,
                       &ga, "sharded apply"))) {
     exchange_failed(c, k, &pt, n_ranks, 1);
@@ -690,11 +732,12 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
     int64_t head[2] = {status, dim};
     char *part = send + pt.soff[r];
     memcpy(part, head, sizeof head);
-    size_t u = status ? 0 : rt.first[r + 1] - rt.first[r];
+    int o = group_of(k, r);
+    size_t u = status ? 0 : rt.first[o + 1] - rt.first[o];
     if (!u) continue;
-    memcpy(part + GRAD_HEAD, rt.ukey + rt.first[r], u * sizeof(int64_t));
+    memcpy(part + GRAD_HEAD, rt.ukey + rt.first[o], u * sizeof(int64_t));
     memcpy(part + GRAD_HEAD + u * sizeof(int64_t),
-           sums + rt.first[r] * (size_t)dim, u * row_bytes);
+           sums + rt.first[o] * (size_t)dim, u * row_bytes);
   }
   if (exchange(ctx, c, k, "sharded apply", send, pt.soff, pt.slen,
                (void **)&recv, pt.roff, pt.rlen))
@@ -960,13 +1003,14 @@ __attribute__((constructor)) static void dynemb_register_sharded_ops(void) {
   register_op_kernel(
       "DynembShardedLookup",
       LIST("table_name: string", "is_train: bool = true", "send_count: int = 0",
-           "channel: int", "ranks: int", "Tkeys: {int32, int64}"),
+           "replicated: bool = false", "channel: int", "ranks: int",
+           "Tkeys: {int32, int64}"),
       LIST("ids: Tkeys", "now: int64", "anchor: float"),
       LIST("embeddings: float"), create_lookup, lookup_compute, delete_sstate);
   register_op_kernel(
       "DynembShardedApply",
-      LIST("table_name: string", "average: bool = false", "channel: int",
-           "ranks: int"),
+      LIST("table_name: string", "average: bool = false",
+           "replicated: bool = false", "channel: int", "ranks: int"),
       LIST("keys: int64", "grads: float", "learning_rate: float"),
       LIST("applied: int64"), create_apply, apply_compute, delete_sstate);
   register_op_kernel("DynembAllreduce",

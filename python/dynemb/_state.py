@@ -44,6 +44,9 @@ from dynemb.util.log import logger
 
 # Tables this process holds a reference to: name -> engine handle.
 HANDLES: dict[str, ctypes.c_void_p] = {}
+# Tables of which this rank holds all rows on several ranks (is_dp=True):
+# they are restored whole, not as this rank's shard.
+REPLICATED_TABLES: set = set()
 # The sparse directory of the latest Saver checkpoint written in this process
 # (mxRec's saver.sparse.export reads "the checkpoint saved for the current step").
 LAST_SAVED_SPARSE_DIR: list = []

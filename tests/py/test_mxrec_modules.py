@@ -90,8 +90,6 @@ def test_under_an_mpi_launch_what_is_not_sharded_yet_is_refused(launched):
     with tf.Graph().as_default():
         from dynemb.util.communication import hccl_ops
         dynemb.init()
-        with pytest.raises(ValueError, match="is_dp=True .* not available on several ranks"):
-            dynemb.create_table(tf.int64, 2, "dp", tf.compat.v1.zeros_initializer(), is_dp=True)
         dynemb.create_table(tf.int64, 2, "ranked", tf.compat.v1.zeros_initializer())
         with pytest.raises(ValueError, match="on several ranks dynemb reduces with 'sum' or"):
             hccl_ops.allreduce(tf.ones([2]), "max")

@@ -2,7 +2,8 @@
 (tests/py/mpi/train.py) run alone on the whole global batch, the reference,
 and under `mpirun -np N` (N = 2, 3) with each rank on its slice. Per sparse
 optimizer (SGD, Adagrad, lazy Adam, FTRL), with feature admission and
-eviction (EvictHook on every rank) on one table and an SSD tier on another: every step's global loss (the sum of the ranks' losses), every table
+eviction (EvictHook on every rank) on one table, an SSD tier on another, and a
+replicated (is_dp) table whose rows every rank holds: every step's global loss (the sum of the ranks' losses), every table
 row (the union of the ranks' rows, each key on exactly one rank, the rank
 dynemb_key_shard gives it), the dense variables (on every rank) and an eval
 lookup of every id after training equal the reference within 1e-5 relative.
@@ -86,6 +87,12 @@ def _check(ranks, reference, first_step=0):
             for t, rows in enumerate(want["eval"]):
                 _close(g["eval"][t], rows, "%s: eval lookup of table %d" % (kind, t))
         for table, rows in want["rows"].items():
+            if table == "dp":  # replicated (is_dp): every rank holds every row
+                for r, g in enumerate(got):
+                    assert sorted(g["rows"][table]) == sorted(rows), (kind, r)
+                    for key, row in rows.items():
+                        _close(g["rows"][table][key], row, "%s: dp row %s" % (kind, key))
+                continue
             merged = {}
             for r, g in enumerate(got):
                 for key, row in g["rows"][table].items():
@@ -125,6 +132,8 @@ def test_warm_start_across_rank_counts(runs, tmp_path):
     for kind, want in one[0]["results"].items():  # the rows came from the checkpoint
         assert want["initial_rows"] > 0
         assert sum(r["results"][kind]["initial_rows"] for r in two) == want["initial_rows"]
+        assert all(r["results"][kind]["initial_dp_rows"] == want["initial_dp_rows"] > 0
+                   for r in two)  # (a replicated table: whole on every rank)
     _check(two, one[0]["results"])
 
 

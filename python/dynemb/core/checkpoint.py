@@ -156,12 +156,14 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
     name_map = dict(name_map or {})
     flags = _lib.IMPORT_REPLACE | (_lib.IMPORT_EMBEDDING_ONLY if embedding_only else 0)
     parts = checkpoint_parts(str(path))
-    # On M ranks each keeps the keys it owns, from every part.
+    # On M ranks each keeps the keys it owns, from every part; a replicated
+    # table (is_dp) takes every key of every part.
     size = _state.get_rank_size()
-    shard = (_state.get_rank_id(), size) if size > 1 else (0, 0)
     with _handles(names, "restore_tables") as hs:
         for name, h in zip(names, hs):
             src = name_map.get(name, name)
+            shard = (_state.get_rank_id(), size) if size > 1 and \
+                name not in _state.REPLICATED_TABLES else (0, 0)
             for i, part in enumerate(parts):
                 _lib.check(_lib.clib.dynemb_checkpoint_load(
                     part.encode(), h, src.encode(),
@@ -324,8 +326,9 @@ def export_checkpoint(ckpt_dir: str, path: str,
             for p in parts]
         keys = np.concatenate([k for k, _ in pieces])
         emb = np.concatenate([e for _, e in pieces])
-        order = np.argsort(keys, kind="stable")
-        out[name] = (keys[order], emb[order])
+        # (each key once: the parts of a replicated table hold it on every rank)
+        keys, first = np.unique(keys, return_index=True)
+        out[name] = (keys, emb[first])
     _write_npy(str(path), out)
     return names
 

@@ -66,27 +66,30 @@ def chain_of_inputs(tensors: Sequence[tf.Tensor], limit: int = 100_000) -> Hasha
 
 
 def sharded_lookup(table_name: str, ids: tf.Tensor, now: tf.Tensor, anchor: tf.Tensor,
-                   is_train: bool, chain: Hashable, send_count: int = 0) -> tf.Tensor:
+                   is_train: bool, chain: Hashable, send_count: int = 0,
+                   replicated: bool = False) -> tf.Tensor:
     """Rows of `ids` (any shape) as [n, dim], each looked up (train: counted,
     inserted, stamped with the latest `now` of all ranks) at its owner.
     send_count > 0: the unique ids sent to each owner must fit it (mxRec's
-    static-shape mode)."""
+    static-shape mode). replicated (is_dp tables): every rank holds all the
+    table; every rank's ids are looked up on every replica alike."""
     out = _state.sharded_ops().dynemb_sharded_lookup(
         ids=ids, now=now, anchor=anchor, table_name=table_name, is_train=bool(is_train),
-        send_count=int(send_count),
+        send_count=int(send_count), replicated=bool(replicated),
         channel=_state.next_exchange_channel(), ranks=_state.get_rank_size())
     _link(out.op, chain)
     return out
 
 
 def sharded_apply(table_name: str, keys: tf.Tensor, grads: tf.Tensor,
-                  learning_rate: tf.Tensor, average: bool) -> tf.Tensor:
-    """Applies every rank's (key, gradient row) pairs at the keys' owners, one
-    update per key with the rows summed over ranks (divided by the rank
-    count when `average`)."""
+                  learning_rate: tf.Tensor, average: bool,
+                  replicated: bool = False) -> tf.Tensor:
+    """Applies every rank's (key, gradient row) pairs at the keys' owners (on
+    every replica when `replicated`), one update per key with the rows
+    summed over ranks (divided by the rank count when `average`)."""
     out = _state.sharded_ops().dynemb_sharded_apply(
         keys=keys, grads=grads, learning_rate=learning_rate, table_name=table_name,
-        average=bool(average), channel=_state.next_exchange_channel(),
+        average=bool(average), replicated=bool(replicated), channel=_state.next_exchange_channel(),
         ranks=_state.get_rank_size())
     _link(out.op, TRAIN_CHAIN)
     return out

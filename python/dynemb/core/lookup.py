@@ -241,7 +241,8 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
             chain = exchange.TRAIN_CHAIN if is_train else (
                 "eval",) + tuple(sorted(_iterators_of(ids)))
             emb = exchange.sharded_lookup(tname, ids, now, hashtable.anchor,
-                                          bool(is_train), chain, static_count)
+                                          bool(is_train), chain, static_count,
+                                          hashtable.is_dp)
         else:
             emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
                                          tickets=unused_input(tf.int64),

@@ -279,8 +279,10 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     (slots), in either order, as long as the table holds no rows yet.
     nonfinite_policy (dynemb only): 'error' rejects a batch whose gradients
     hold NaN/Inf, 'skip' drops those ids' updates and counts them.
-    is_dp: mxRec's data-parallel (replicated) table; with one process a
-    table is one copy either way. enable_merge: mxRec merges tables of equal
+    is_dp: mxRec's data-parallel (replicated) table: on several ranks every
+    rank holds all of it (lookups count every rank's ids on every replica,
+    gradients summed over ranks are applied on every replica); with one
+    process a table is one copy either way. enable_merge: mxRec merges tables of equal
     configuration to save host-device channels; dynemb keeps them apart
     (nothing to save). padding_keys (an int64 or a list of them, with
     padding_keys_mask=True): keys whose rows are never updated; their
@@ -294,10 +296,6 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
                          % (name, ", ".join(map(repr, ALL2ALL_GRADIENTS_OPS)),
                             all2all_gradients_op))
     ranks = _state.get_rank_size()
-    if ranks > 1 and is_dp:
-        raise ValueError("create_table('%s'): is_dp=True (a table replicated on every rank) "
-                         "is not available on several ranks yet; leave is_dp out (the table "
-                         "is then sharded across the %d ranks)" % (name, ranks))
     pads = _padding_keys(name, padding_keys, padding_keys_mask)
     cfg_init = _state.require_init("create_table('%s')" % name)
     require_graph_mode("create_table('%s')" % name)
@@ -406,6 +404,7 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     if ranks > 1:
         _same_on_every_rank(name, dict(_config_fields(c), **{
             "all2all_gradients_op": all2all_gradients_op, "padding keys": str(pads),
+            "is_dp": str(bool(is_dp)),
             "key_dtype": key_dtype.name}))
 
     with _lib.table_handle(name, missing=None) as existing:
@@ -432,6 +431,10 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
 
     table = EmbeddingTable(name, dim, key_dtype, opt, graph, is_save)
     table.is_dp = bool(is_dp)
+    if ranks > 1 and is_dp:  # every rank holds all of it (dynemb.core.checkpoint)
+        _state.REPLICATED_TABLES.add(name)
+    else:
+        _state.REPLICATED_TABLES.discard(name)
     table.average_gradients = all2all_gradients_op == "sum_gradients_and_div_by_ranksize"
     table.padding_keys = pads
     table.tiered = bool(ssd_vocabulary_size)

@@ -304,7 +304,8 @@ def _import_op(table: EmbeddingTable, src: _TableSource, graph: tf.Graph) -> tf.
     # On several ranks each rank keeps the keys it owns (of a checkpoint
     # written by any number of ranks: every part is read).
     size = _state.get_rank_size()
-    shard = {"shard_index": _state.get_rank_id(), "shard_count": size} if size > 1 else {}
+    shard = {"shard_index": _state.get_rank_id(), "shard_count": size} \
+        if size > 1 and table.table_name not in _state.REPLICATED_TABLES else {}
     if src.prev_name in src.entry.ckpt_tiered:  # rows in the engine's files, streamed
         with tf.name_scope(scope):
             stamp = _stamp(table, graph)

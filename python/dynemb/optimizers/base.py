@@ -147,7 +147,8 @@ class SparseOptimizer:
                 if exchange.several_ranks():
                     # every rank's rows of a key meet at its owner
                     applies.append(exchange.sharded_apply(
-                        table.table_name, keys, values, lr, table.average_gradients))
+                        table.table_name, keys, values, lr, table.average_gradients,
+                        table.is_dp))
                     continue
                 # `trainable` and `tickets` are used only when a pipeline
                 # mode sets use_trainable / use_tickets (dynemb.graph.rewrite).
@@ -166,7 +167,8 @@ class SparseOptimizer:
         now = tf.constant(0, tf.int64)
         if exchange.several_ranks():
             return exchange.sharded_lookup(table.table_name, keys, now, table.anchor,
-                                           False, exchange.TRAIN_CHAIN)
+                                           False, exchange.TRAIN_CHAIN,
+                                           replicated=table.is_dp)
         return _lib.ops.dynemb_lookup(ids=keys, now=now, anchor=table.anchor,
                                       tickets=unused_input(tf.int64),
                                       table_name=table.table_name, is_train=False)

@@ -52,6 +52,8 @@ labels = rng.integers(0, 2, size=(STEPS, B, 1)).astype(np.float32)
 # Feature d: one id per step for the whole batch, from table "solo": the
 # ranks that own no key of a step still count the step (lazy Adam).
 data_d = np.repeat(rng.integers(0, 3, size=(STEPS, 1, 1)), B, axis=1)
+# Feature e: table "dp", replicated (is_dp=True): every rank holds all of it.
+data_e = rng.integers(0, 20, size=(STEPS, B, 1))
 
 
 OPTIMIZERS = {
@@ -76,10 +78,12 @@ def train(kind):
                                ssd_data_path=os.path.join(os.environ["RESULTS"], "ssd"))
     item = dynemb.create_table(tf.int64, DIM, "item_" + kind, init)
     solo = dynemb.create_table(tf.int64, DIM, "solo_" + kind, init)
+    dp = dynemb.create_table(tf.int64, DIM, "dp_" + kind, init, is_dp=True)
     a = tf.compat.v1.placeholder(tf.int64, [None, 2])
     b = tf.compat.v1.placeholder(tf.int64, [None, 1])
     c = tf.compat.v1.placeholder(tf.int64, [None, 3])
     d = tf.compat.v1.placeholder(tf.int64, [None, 1])
+    e = tf.compat.v1.placeholder(tf.int64, [None, 1])
     y = tf.compat.v1.placeholder(tf.float32, [None, 1])
     # (admission on the table with one lookup: one process runs two train
     # lookups of a table in either order, which decides which occurrence of
@@ -89,19 +93,22 @@ def train(kind):
     eb = dynemb.sparse_lookup(user, b, name="b")
     ec = dynemb.sparse_lookup(item, c, name="c", access_and_evict_config=admit)
     ed = dynemb.sparse_lookup(solo, d, name="d")
+    ee = dynemb.sparse_lookup(dp, e, name="e", access_and_evict_config={
+        "access_threshold": 2, "eviction_threshold": 0})
     x = tf.concat([tf.reshape(ea, [-1, 2 * DIM]), tf.reshape(eb, [-1, DIM]),
-                   tf.reshape(ec, [-1, 3 * DIM]), tf.reshape(ed, [-1, DIM])], axis=1)
+                   tf.reshape(ec, [-1, 3 * DIM]), tf.reshape(ed, [-1, DIM]),
+                   tf.reshape(ee, [-1, DIM])], axis=1)
     w = tf.compat.v1.get_variable("w", initializer=tf.constant(
-        np.linspace(-0.5, 0.5, 7 * DIM, dtype=np.float32)[:, None]))
+        np.linspace(-0.5, 0.5, 8 * DIM, dtype=np.float32)[:, None]))
     bias = tf.compat.v1.get_variable("bias", initializer=tf.constant([0.1]))
     logits = tf.matmul(x, w) + bias
     loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)) / B
-    sparse_vars, dense_vars = [user.anchor, item.anchor, solo.anchor], [w, bias]
+    sparse_vars, dense_vars = [user.anchor, item.anchor, solo.anchor, dp.anchor], [w, bias]
     grads = tf.gradients(loss, sparse_vars + dense_vars)
-    dense_grads = [hccl_ops.allreduce(g, "sum") for g in grads[3:]]
+    dense_grads = [hccl_ops.allreduce(g, "sum") for g in grads[4:]]
     global_step = tf.compat.v1.train.get_or_create_global_step()
     step = tf.group(
-        OPTIMIZERS[kind]().apply_gradients(zip(grads[:3], sparse_vars)),
+        OPTIMIZERS[kind]().apply_gradients(zip(grads[:4], sparse_vars)),
         tf.compat.v1.train.GradientDescentOptimizer(0.5).apply_gradients(
             zip(dense_grads, dense_vars), global_step=global_step))
     # Rows of "item" not seen for 2 global steps go (each rank its own).
@@ -109,7 +116,7 @@ def train(kind):
     evict.begin()
     every_id = tf.range(VOCAB, dtype=tf.int64)
     read = [dynemb.sparse_lookup(t, every_id, is_train=False, name="read")
-            for t in (user, item, solo)]
+            for t in (user, item, solo, dp)]
     losses = []
     saver = tf.compat.v1.train.Saver()
     prefix = os.path.join(os.environ.get("CKPT", ""), kind, "model")
@@ -121,11 +128,12 @@ def train(kind):
         if RESTORE_AT and not warm:
             saver.restore(sess, "%s-%d" % (prefix, RESTORE_AT))
         initial_rows = sum(t.size() for t in (user, item, solo))  # (this rank's)
+        initial_dp_rows = dp.size()  # (all of them, on every rank)
         for s in range(RESTORE_AT, STEPS):
             if s == SAVE_AT:
                 saver.save(sess, prefix, global_step=s)
             feed = {a: data_a[s, lo:hi], b: data_b[s, lo:hi], c: data_c[s, lo:hi],
-                    d: data_d[s, lo:hi], y: labels[s, lo:hi]}
+                    d: data_d[s, lo:hi], e: data_e[s, lo:hi], y: labels[s, lo:hi]}
             value, _ = sess.run([loss, step], feed)
             losses.append(float(value))
             if s == 4:
@@ -133,7 +141,7 @@ def train(kind):
         dense = {v.op.name: sess.run(v).tolist() for v in dense_vars}
         eval_rows = [r.tolist() for r in sess.run(read)]
     out_dir = os.path.join(os.environ["RESULTS"], "rows-%d" % rank)
-    names = [user.table_name, item.table_name, solo.table_name]
+    names = [user.table_name, item.table_name, solo.table_name, dp.table_name]
     dynemb.export_tables(out_dir, names)
     rows = {}
     for t in names:
@@ -142,6 +150,7 @@ def train(kind):
         rows[t.split("_")[0]] = {str(int(k)): v.tolist() for k, v in zip(keys, values)}
     return {"losses": losses, "dense": dense, "rows": rows, "eval": eval_rows,
             "evicted": evict.evicted_total, "initial_rows": initial_rows,
+            "initial_dp_rows": initial_dp_rows,
             "ssd_rows": user.stats()["ssd_rows"]}
 
 
