@@ -563,18 +563,6 @@ def sharded_ops() -> Any:
     return _lib.sharded_ops()
 
 
-def refuse_several_ranks(what: str) -> None:
-    """Raises when this process is one of several ranks: `what` does not
-    yet work across ranks, and each rank doing it alone would train each on
-    its own slice, silently."""
-    size = get_rank_size()
-    if size > 1:
-        raise RuntimeError(
-            "dynemb: %s on %d ranks is not available yet: tables are not sharded across "
-            "worker processes in this version (docs/distributed.md says what exists). "
-            "Run the script as one process, without mpirun" % (what, size))
-
-
 def get_use_dynamic_expansion() -> bool:
     inst = ConfigInitializer._instance
     return bool(inst and inst.get("use_dynamic_expansion"))
