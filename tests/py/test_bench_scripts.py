@@ -124,6 +124,7 @@ def test_engine_left_out_library_trains_nothing():
 @pytest.mark.skipif(not shutil.which("mpirun") or not os.path.isfile(
     os.path.join(ROOT, "build", "bench", "exchange_bench")),
     reason="needs Open MPI's mpirun and build/bench/exchange_bench (make test builds it)")
+@pytest.mark.pinned_only
 def test_ranks_json():
     j = _last_json("bench/ranks.py", "--ranks", "2", "--tables", "2", "--batch", "64",
                    "--steps", "3", "--warmup", "1", "--json")

@@ -18,10 +18,11 @@ SCRIPT = Path(__file__).resolve().parent / "mpi" / "fault.py"
 SHARDED_LIB = ROOT / "build" / "tf" / "_dynemb_sharded_ops.so"
 TIMEOUT_S = 4
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     not shutil.which("mpirun") or not SHARDED_LIB.is_file(),
     reason="needs Open MPI's mpirun and build/tf/_dynemb_sharded_ops.so "
-           "(apt-get install openmpi-bin libopenmpi-dev; make ops)")
+           "(apt-get install openmpi-bin libopenmpi-dev; make ops)"),
+    pytest.mark.pinned_only]
 
 
 def _launch(fault, results_dir):
