@@ -374,6 +374,22 @@ static size_t rows_bytes(const void *p, int r) {
   return (x->with_defaults[r] ? u * sizeof(uint32_t) : 0) + u * x->row_bytes;
 }
 
+/* The table's default row as this rank has it (a read through a "not
+ * admitted" ticket; `key` is any key), malloc'd; NULL after failing the
+ * kernel. */
+static float *default_row(TF_OpKernelContext *ctx, dynemb_table *t,
+                          const int64_t *key, size_t row_bytes) {
+  const dynemb_ticket none = DYNEMB_NOT_ADMITTED;
+  float *def = malloc(row_bytes ? row_bytes : 1);
+  int rc = def ? dynemb_lookup_prepared(t, key, &none, 1, def) : DYNEMB_ENOMEM;
+  if (rc != DYNEMB_OK) {
+    fail_engine(ctx, rc, "sharded lookup");
+    free(def);
+    return NULL;
+  }
+  return def;
+}
+
 static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const sstate *k = p;
   TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL;
@@ -512,16 +528,8 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
     const uint32_t *m = defaults + a[me].first;
     int any_default = 0;
     for (size_t j = 0; j < rt.n_unique; j++) any_default |= m[j] > 0;
-    if (any_default) { /* the table's default row */
-      const dynemb_ticket none = DYNEMB_NOT_ADMITTED;
-      int rc = (def = malloc(row_bytes ? row_bytes : 1))
-                   ? dynemb_lookup_prepared(t, keys, &none, 1, def)
-                   : DYNEMB_ENOMEM;
-      if (rc != DYNEMB_OK) {
-        fail_engine(ctx, rc, "sharded lookup");
-        goto done;
-      }
-    }
+    if (any_default && !(def = default_row(ctx, t, keys, row_bytes)))
+      goto done;
     float *o = TF_TensorData(out);
     for (int64_t i = 0; i < n; i++) {
       size_t g = rt.uniq_of[i];
@@ -595,16 +603,9 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
     row_at[r] = part + HEAD + (def_at[r] ? u * sizeof(uint32_t) : 0);
     any_default |= def_at[r] != NULL;
   }
-  if (any_default) { /* the table's default row, as this rank has it */
-    def = malloc(row_bytes ? row_bytes : 1);
-    const dynemb_ticket none = DYNEMB_NOT_ADMITTED;
-    int rc =
-        def ? dynemb_lookup_prepared(t, keys, &none, 1, def) : DYNEMB_ENOMEM;
-    if (rc != DYNEMB_OK) {
-      fail_engine(ctx, rc, "sharded lookup");
-      free(row_at);
-      goto done;
-    }
+  if (any_default && !(def = default_row(ctx, t, keys, row_bytes))) {
+    free(row_at);
+    goto done;
   }
   float *o = TF_TensorData(out);
   for (int64_t i = 0; i < n; i++) {
