@@ -479,6 +479,19 @@ DYNEMB_API int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
                                    unsigned flags, uint32_t shard_index,
                                    uint32_t shard_count);
 
+/* Writes the table for a reader without dynemb (a SavedModel of stock
+ * TensorFlow ops loads the files with ReadFile + DecodeRaw): `keys_path`
+ * gets the keys, int64 little-endian, ascending; `rows_path` their
+ * embeddings, float32 little-endian, [rows + 1, dim] row-major without
+ * optimizer state, the last row being the default value (what lookups of
+ * keys without a row read). Admission candidates are not written. Rows are
+ * streamed from memory and the SSD tier through a bounded buffer; each file
+ * goes to "<path>.tmp-export", is fsync'ed and renamed, and on error
+ * neither file is left. *rows gets the number of keys. Errors: EIO (the
+ * message has the path), ENOMEM, EINVAL. */
+DYNEMB_API int dynemb_table_export_raw(dynemb_table *t, const char *keys_path,
+                                       const char *rows_path, uint64_t *rows);
+
 /* ------------------------------------------------------------------------ */
 /* Checkpoints                                                               */
 /* ------------------------------------------------------------------------ */

@@ -16,6 +16,7 @@ from dynemb.core.asc.feature_spec import FeatureSpec
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
 from dynemb.core.feature_process import EvictHook
+from dynemb.core.serving import export_saved_model, patch_builders as _patch_builders
 from dynemb.core.table_stats import TableStatsHook, add_table_summaries
 from dynemb.core.warm_start import WarmStartError, patch_tensorflow as _patch_tensorflow, warm_start
 from dynemb.graph.modifier import GraphModifierHook, modify_graph_and_start_emb_cache
@@ -40,6 +41,9 @@ _patch_tensorflow()
 # Saver checkpoints hold the tables in sparse-<prefix> directories (mxRec's layout)
 # (streamed; docs/ssd-tier.md).
 _patch_saver()
+# SavedModel builders (Estimator.export_saved_model, simple_save, ...) turn the
+# tables into stock TensorFlow ops (docs/serving.md).
+_patch_builders()
 
 __all__ = [
     "DynembError", "EmbeddingTable", "EvictHook", "TableStatsHook", "add_table_summaries", "ConfigInitializer", "FeatureSpec",
@@ -47,7 +51,7 @@ __all__ = [
     "start_asc_pipeline", "adagrad", "clear_channel",
     "clear_tables", "create_table", "drop_table", "ftrl", "get_dense_and_sparse_variable",
     "get_initializer", "get_rank_id", "get_rank_size", "get_use_dynamic_expansion", "gradient_descent",
-    "init", "lazy_adam", "restore_tables", "save_tables", "export_tables", "set_if_load", "sparse_lookup",
+    "init", "lazy_adam", "restore_tables", "save_tables", "export_tables", "export_saved_model", "set_if_load", "sparse_lookup",
     "terminate", "BroadcastGlobalVariablesHook", "DistributedOptimizer",
     "broadcast_global_variables", "allgather_object", "allreduce_gradients",
     "terminate_config_initializer", "version", "warm_start", "WarmStartError",

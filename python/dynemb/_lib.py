@@ -154,6 +154,8 @@ _SIGS = {
                                                  ctypes.POINTER(ctypes.c_size_t)]),
     "dynemb_ckpt_entries_free": (None, [ctypes.POINTER(CkptEntry), ctypes.c_size_t]),
     "dynemb_table_snapshot": (ctypes.c_int, [_P, ctypes.POINTER(Snapshot)]),
+    "dynemb_table_export_raw": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p,
+                                               ctypes.POINTER(ctypes.c_uint64)]),
     "dynemb_checkpoint_read": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p,
                                               ctypes.POINTER(Snapshot)]),
     "dynemb_snapshot_free": (None, [ctypes.POINTER(Snapshot)]),

@@ -48,6 +48,7 @@ LAYERS = {
     "dynemb.core.eviction": 3,
     "dynemb.core.table_stats": 3,
     "dynemb.core.warm_start": 3,
+    "dynemb.core.serving": 3,
     "dynemb.graph.modification": 3,
     "dynemb.optimizers.base": 3,
     # 4. mxRec's module paths: thin faces that re-export.

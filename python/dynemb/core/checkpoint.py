@@ -37,6 +37,7 @@ import ctypes
 import os
 import re
 import shutil
+import threading
 from typing import Any, Iterable, Iterator, Optional
 
 import tensorflow as tf
@@ -213,6 +214,21 @@ def _prune(saver: Any, save_path: str) -> None:
             shutil.rmtree(full, ignore_errors=True)
 
 
+_NOT_SAVED = threading.local()
+
+
+@contextlib.contextmanager
+def tables_not_saved() -> Iterator[None]:
+    """Saver.save in this block (on this thread) writes the Saver's own files
+    only: a SavedModel builder's save, whose tables are exported otherwise."""
+    before = getattr(_NOT_SAVED, "on", False)
+    _NOT_SAVED.on = True
+    try:
+        yield
+    finally:
+        _NOT_SAVED.on = before
+
+
 _orig_save = tf.compat.v1.train.Saver.save
 _orig_restore = tf.compat.v1.train.Saver.restore
 
@@ -220,7 +236,7 @@ _orig_restore = tf.compat.v1.train.Saver.restore
 def _save(self, sess, save_path, global_step=None, *args, **kwargs):
     graph = getattr(sess, "graph", None)  # (any session-like object)
     names = _saved_tables(graph) if graph is not None else []
-    if not names:
+    if not names or getattr(_NOT_SAVED, "on", False):
         return _orig_save(self, sess, save_path, global_step, *args, **kwargs)
     path = _checkpoint_path(self, sess, save_path, global_step)
     save_tables(sparse_dir(path), names)  # first: a listed checkpoint has its rows

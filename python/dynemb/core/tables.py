@@ -633,3 +633,6 @@ class TieredTableSaveable(saveable_object.SaveableObject):
         del restored_tensors, restored_shapes
         return tf.no_op(name=op_name(self.table_name) + "_dynemb_restore")
 
+
+# The checkpoint markers of tables (a SavedModel's saver leaves them out).
+TABLE_SAVEABLES = (TableSaveable, MarkerTableSaveable, TieredTableSaveable)

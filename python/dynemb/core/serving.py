@@ -1,0 +1,541 @@
+"""SavedModels that stock TensorFlow serves: each dynemb table becomes a
+``tf.lookup`` static hash table (key -> row index) and a variable of rows.
+
+TensorFlow Serving and every other TensorFlow runtime lack dynemb's op
+library, so an exported graph must hold none of its ops. The rewrite happens
+where every export path meets, when a SavedModel builder adds a meta graph
+(``tf.compat.v1.saved_model.Builder``, ``simple_save``,
+``Estimator.export_saved_model`` and ``export_saved_model`` here all go
+through it): in the meta graph's copy of the graph (the session's graph is
+left as it is, and may be finalized),
+
+- every lookup (train or eval) becomes a lookup in the hash table and a
+  gather from the rows, reading row ``n`` -- the table's default value
+  (``serving_default_value``) -- for keys without a row, exactly as an eval
+  lookup does: keys never seen, keys still below the admission threshold,
+  evicted keys;
+- every other dynemb op (applies, evictions, exchanges, statistics) and
+  whatever depends on one is removed, then whatever the signatures, the
+  init op, the saver and the variables do not need;
+- the table's keys and rows are written (streamed by the engine, never
+  held in memory whole) as two raw files in the SavedModel's ``assets/``;
+  the hash table and the rows variable are filled from them by the
+  SavedModel's init op, when the model is loaded.
+
+The table rows are those of the live tables at export time: the Estimator
+export restores its checkpoint into them first; a sess.run script exports
+what it trained.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import inspect
+import os
+import re
+import shutil
+import threading
+from typing import Any, Iterable, Iterator, Optional
+
+import tensorflow as tf
+from tensorflow.core.framework import node_def_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.core.framework import variable_pb2
+from tensorflow.python.framework import op_def_registry
+from tensorflow.python.saved_model import builder_impl
+
+from dynemb import _lib, _state
+from dynemb.core.checkpoint import tables_not_saved
+from dynemb.core.tables import TABLE_SAVEABLES
+from dynemb.util.log import logger
+
+LOOKUP_TYPES = ("DynembLookup", "DynembShardedLookup")
+SCOPE = "dynemb_serving"
+ASSETS = "assets"
+# Meta graph collections of VariableDefs: their nodes must survive pruning,
+# since loading a meta graph rebuilds these variables from them.
+_VARIABLE_COLLECTIONS = ("variables", "trainable_variables", "local_variables",
+                         "model_variables", "moving_average_variables",
+                         "metric_variables", "global_step")
+_ASSET_COLLECTION = "saved_model_assets"
+_INIT_SIGNATURE = "__saved_model_init_op"
+_INIT_COLLECTIONS = ("saved_model_main_op", "legacy_init_op")
+
+
+def _node_of(ref: str) -> str:
+    """'^a', 'a:1', 'a' -> 'a'."""
+    return ref.lstrip("^").split(":")[0]
+
+
+def _is_dynemb(op_type: str) -> bool:
+    return op_type.startswith("Dynemb")
+
+
+# --------------------------------------------------------------------------
+# The table's files and its stock-op replacement
+# --------------------------------------------------------------------------
+
+def _file_stem(table: str, used: set) -> str:
+    stem = "dynemb-" + (re.sub(r"[^A-Za-z0-9_.-]", "_", table) or "table")
+    out, i = stem, 1
+    while out in used:
+        out, i = "%s-%d" % (stem, i), i + 1
+    used.add(out)
+    return out
+
+
+def _write_table(table: str, assets_dir: str, stem: str) -> tuple:
+    """(rows, dim) after the engine wrote the table's keys and rows."""
+    rows = ctypes.c_uint64()
+    with _lib.table_handle(table, ValueError(
+            "dynemb export: the graph looks up table '%s', which is not registered in "
+            "this process (dropped?); create it with create_table() before exporting"
+            % table)) as h:
+        dim = _lib.clib.dynemb_table_dim(h)
+        _lib.check(_lib.clib.dynemb_table_export_raw(
+            h, os.path.join(assets_dir, stem + "-keys.bin").encode(),
+            os.path.join(assets_dir, stem + "-rows.bin").encode(), ctypes.byref(rows)),
+            "dynemb export of table '%s'" % table)
+    return rows.value, dim
+
+
+def _scope_free(graph_def: Any) -> str:
+    names = {n.name.split("/")[0] for n in graph_def.node}
+    scope, i = SCOPE, 1
+    while scope in names:
+        scope, i = "%s_%d" % (SCOPE, i), i + 1
+    return scope
+
+
+def _replacement(scope: str, tables: dict, lookups: list) -> tuple:
+    """A graph of stock ops: per table (name -> (stem, rows, dim)) the hash
+    table and the rows variable filled from the asset files; per lookup
+    (node, dtype) its rows under a temporary name. Returns (graph_def,
+    {temporary output name: lookup node name}, {template node: lookup node},
+    init op name, asset tensors [(tensor name, file)], VariableDefs,
+    table initializer names)."""
+    g = tf.Graph()
+    outputs, templates, assets, var_defs, table_inits, inits = {}, {}, [], [], [], []
+    with g.as_default():
+        handles = {}
+        for i, (name, (stem, rows, dim)) in enumerate(tables.items()):
+            with g.name_scope("%s/table_%d/" % (scope, i)):
+                kfile = tf.constant(stem + "-keys.bin", name="keys_file")
+                rfile = tf.constant(stem + "-rows.bin", name="rows_file")
+                assets += [(kfile.name, stem + "-keys.bin"), (rfile.name, stem + "-rows.bin")]
+                keys = tf.io.decode_raw(tf.io.read_file(kfile), tf.int64, little_endian=True)
+                index = tf.compat.v1.lookup.StaticHashTable(
+                    tf.lookup.KeyValueTensorInitializer(
+                        tf.reshape(keys, [rows]), tf.range(rows, dtype=tf.int64)),
+                    default_value=tf.constant(rows, tf.int64), name="index")
+                values = tf.reshape(tf.io.decode_raw(tf.io.read_file(rfile), tf.float32,
+                                                     little_endian=True), [rows + 1, dim])
+                var = tf.compat.v1.Variable(values, trainable=False, use_resource=True,
+                                            collections=[], name="rows")
+                var_defs.append(var.to_proto())
+                table_inits.append(index.initializer.name)
+                inits += [index.initializer, var.initializer]
+                handles[name] = (index, var, dim)
+        for j, (node, dtype) in enumerate(lookups):
+            index, var, dim = handles[node.attr["table_name"].s.decode()]
+            with g.name_scope("%s/lookup_%d/" % (scope, j)):
+                ids = tf.compat.v1.placeholder(dtype, name="ids")
+                flat = tf.reshape(ids, [-1])
+                if dtype != tf.int64:
+                    flat = tf.cast(flat, tf.int64)
+                rows_of = tf.gather(var, index.lookup(flat))
+                out = tf.identity(rows_of, name="embeddings")
+            outputs[out.op.name] = node.name
+            templates[ids.op.name] = node
+        with g.name_scope("%s/" % scope):
+            init = tf.group(*inits, name="init")
+    return g.as_graph_def(), outputs, templates, init.name, assets, var_defs, table_inits
+
+
+# --------------------------------------------------------------------------
+# The meta graph rewrite
+# --------------------------------------------------------------------------
+
+def _init_node(mg: Any) -> Optional[str]:
+    """The node the loader runs after restoring the variables, if any."""
+    sig = mg.signature_def.get(_INIT_SIGNATURE)
+    if sig is not None and _INIT_SIGNATURE in sig.outputs:
+        return _node_of(sig.outputs[_INIT_SIGNATURE].name)
+    for key in _INIT_COLLECTIONS:
+        if key in mg.collection_def and mg.collection_def[key].node_list.value:
+            return _node_of(mg.collection_def[key].node_list.value[0])
+    return None
+
+
+def _signature_nodes(mg: Any) -> Iterator[tuple]:
+    for key, sig in mg.signature_def.items():
+        for kind, infos in (("input", sig.inputs), ("output", sig.outputs)):
+            for arg, info in infos.items():
+                names = [info.name] if info.name else [
+                    info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
+                    info.coo_sparse.dense_shape_tensor_name]
+                for n in names:
+                    if n:
+                        yield "signature '%s' %s '%s'" % (key, kind, arg), _node_of(n)
+
+
+def _variable_defs(mg: Any) -> Iterator[tuple]:
+    for key in _VARIABLE_COLLECTIONS:
+        if key in mg.collection_def:
+            for raw in mg.collection_def[key].bytes_list.value:
+                v = variable_pb2.VariableDef()
+                v.ParseFromString(raw)
+                yield key, raw, v
+
+
+def _var_nodes(v: Any) -> list:
+    return [_node_of(n) for n in (v.variable_name, v.initializer_name, v.snapshot_name,
+                                  v.initial_value_name) if n]
+
+
+def _removed(nodes: dict, replaced: set) -> dict:
+    """node -> the dynemb op it depends on, for every dynemb op other than
+    the replaced lookups and every node downstream of one."""
+    why = {n: "%s (%s)" % (n, d.op) for n, d in nodes.items()
+           if _is_dynemb(d.op) and n not in replaced}
+    consumers: dict = {}
+    for n, d in nodes.items():
+        if n in replaced:
+            continue  # its replacement reads the ids only
+        for ref in d.input:
+            consumers.setdefault(_node_of(ref), []).append(n)
+    stack = list(why)
+    while stack:
+        n = stack.pop()
+        for c in consumers.get(n, ()):
+            if c not in why:
+                why[c] = why[n]
+                stack.append(c)
+    return why
+
+
+def _keep(nodes: dict, roots: list, removed: dict, replaced: set) -> set:
+    """Nodes the roots [(what, node)] need (of a replaced lookup, its ids
+    only); an error if one needs a removed node."""
+    keep: set = set()
+    for what, root in roots:
+        stack = [root]
+        while stack:
+            n = stack.pop()
+            if n in keep:
+                continue
+            if n in removed:
+                raise ValueError(
+                    "dynemb export: %s needs %s, which serving cannot run (it trains or "
+                    "changes a table); export the prediction (an eval or train lookup "
+                    "and what is computed from it), not the training step" %
+                    (what, removed[n]))
+            if n not in nodes:
+                raise ValueError("dynemb export: %s names node '%s', which is not in the "
+                                 "graph" % (what, n))
+            keep.add(n)
+            inputs = nodes[n].input[:1] if n in replaced else nodes[n].input
+            stack.extend(_node_of(r) for r in inputs)
+    return keep
+
+
+def _functions_used(graph_def: Any, nodes: Iterable[Any]) -> set:
+    lib = {f.signature.name: f for f in graph_def.library.function}
+    used: set = set()
+
+    def refs(node: Any) -> Iterator[str]:
+        if node.op in lib:
+            yield node.op
+        for a in node.attr.values():
+            if a.HasField("func"):
+                yield a.func.name
+            for f in a.list.func:
+                yield f.name
+
+    stack = [r for n in nodes for r in refs(n)]
+    while stack:
+        f = stack.pop()
+        if f in used or f not in lib:
+            continue
+        used.add(f)
+        for n in lib[f].node_def:
+            if _is_dynemb(n.op):
+                raise ValueError("dynemb export: function '%s' of the graph runs %s (%s), "
+                                 "which serving cannot run; export a graph whose "
+                                 "prediction does not go through it" % (f, n.name, n.op))
+            stack.extend(refs(n))
+    return used
+
+
+def _clean_collections(mg: Any, keep: set) -> None:
+    for key in list(mg.collection_def):
+        col = mg.collection_def[key]
+        if col.HasField("node_list"):
+            vals = [v for v in col.node_list.value if _node_of(v) in keep]
+            del col.node_list.value[:]
+            col.node_list.value.extend(vals)
+        elif col.HasField("bytes_list") and key in _VARIABLE_COLLECTIONS:
+            vals = []
+            for raw in col.bytes_list.value:
+                v = variable_pb2.VariableDef()
+                v.ParseFromString(raw)
+                if all(n in keep for n in _var_nodes(v)):
+                    vals.append(raw)
+            del col.bytes_list.value[:]
+            col.bytes_list.value.extend(vals)
+        elif col.HasField("bytes_list") and key == _ASSET_COLLECTION:
+            vals = []
+            for raw in col.bytes_list.value:
+                a = meta_graph_pb2.AssetFileDef()
+                a.ParseFromString(raw)
+                if _node_of(a.tensor_info.name) in keep:
+                    vals.append(raw)
+            del col.bytes_list.value[:]
+            col.bytes_list.value.extend(vals)
+        elif col.HasField("bytes_list"):
+            # Control-flow contexts, savers, queue runners of the training
+            # graph: serving does not need them, and they name removed nodes.
+            del mg.collection_def[key]
+
+
+def rewrite_meta_graph(mg: Any, export_dir: str) -> list:
+    """Rewrites meta graph `mg` in place for serving (see the module doc),
+    writing the tables' files into `export_dir`/assets. Returns the names
+    of the tables exported (none: `mg` is left as it is)."""
+    gd = mg.graph_def
+    nodes = {n.name: n for n in gd.node}
+    lookups = [n for n in gd.node if n.op in LOOKUP_TYPES]
+    if not lookups and not any(_is_dynemb(n.op) for n in gd.node):
+        return []
+    names = list(dict.fromkeys(n.attr["table_name"].s.decode() for n in lookups))
+    removed = _removed(nodes, {n.name for n in lookups})
+    init_name = _init_node(mg)
+    roots = list(_signature_nodes(mg))
+    if init_name:
+        roots.append(("the SavedModel's init op", init_name))
+    sd = mg.saver_def
+    roots += [("the saver", _node_of(n)) for n in (sd.filename_tensor_name,
+                                                  sd.save_tensor_name, sd.restore_op_name) if n]
+    roots += [("asset '%s'" % a.filename, _node_of(a.tensor_info.name))
+              for a in mg.asset_file_def]
+    roots += [("variable '%s' of collection '%s'" % (v.variable_name, key), n)
+              for key, _, v in _variable_defs(mg)
+              if not any(m in removed or m not in nodes for m in _var_nodes(v))
+              for n in _var_nodes(v)]
+    keep = _keep(nodes, roots, removed, {n.name for n in lookups})
+    used = [n for n in lookups if n.name in keep]
+    if not used:
+        logger.info("dynemb export: no signature reads a dynemb table; nothing to export")
+
+    scope = _scope_free(gd)
+    assets_dir = os.path.join(export_dir, ASSETS)
+    os.makedirs(assets_dir, exist_ok=True)
+    stems: set = set()
+    tables = {}
+    for name in dict.fromkeys(n.attr["table_name"].s.decode() for n in used):
+        stem = _file_stem(name, stems)
+        rows, dim = _write_table(name, assets_dir, stem)
+        tables[name] = (stem, rows, dim)
+        logger.info("dynemb export: table '%s': %d rows x %d written to %s", name, rows,
+                    dim, assets_dir)
+    dtypes = [tf.as_dtype(n.attr["Tkeys"].type) if "Tkeys" in n.attr else tf.int64
+              for n in used]
+    rgd, outputs, templates, init, assets, var_defs, table_inits = _replacement(
+        scope, tables, list(zip(used, dtypes)))
+
+    def fix(ref: str) -> str:
+        ctrl, node = ref.startswith("^"), _node_of(ref)
+        if node in templates:
+            ids = templates[node].input[0]
+            return "^" + _node_of(ids) if ctrl else ids
+        if node in outputs:
+            return ref.replace(node, outputs[node], 1)
+        return ref
+
+    new_nodes = []
+    for n in rgd.node:
+        if n.name in templates:
+            continue
+        m = node_def_pb2.NodeDef()
+        m.CopyFrom(n)
+        m.name = outputs.get(n.name, n.name)
+        del m.input[:]
+        m.input.extend(fix(r) for r in n.input)
+        new_nodes.append(m)
+    out_nodes = [n for n in gd.node if n.name in keep and n.op not in LOOKUP_TYPES]
+    kept = [node_def_pb2.NodeDef() for _ in out_nodes]
+    for k, n in zip(kept, out_nodes):
+        k.CopyFrom(n)
+    functions = _functions_used(gd, kept)
+    library = [f for f in gd.library.function if f.signature.name in functions]
+    gradients = [gr for gr in gd.library.gradient if gr.function_name in functions]
+    del gd.node[:]
+    gd.node.extend(kept + new_nodes)
+    del gd.library.function[:]
+    gd.library.function.extend(library)
+    del gd.library.gradient[:]
+    gd.library.gradient.extend(gradients)
+    final = {n.name for n in gd.node}
+
+    if tables:
+        if init_name:
+            by_name = {n.name: n for n in gd.node}
+            by_name[init_name].input.append("^" + init)
+        else:
+            mg.collection_def[_INIT_COLLECTIONS[0]].node_list.value.append(init)
+        for tensor, filename in assets:
+            a = mg.asset_file_def.add()
+            a.tensor_info.name = tensor
+            a.filename = filename
+        for v in var_defs:
+            mg.collection_def["local_variables"].bytes_list.value.append(
+                v.SerializeToString())
+        mg.collection_def["table_initializer"].node_list.value.extend(table_inits)
+    _clean_collections(mg, final)
+    _strip_op_list(mg)
+    left = sorted({n.op for n in gd.node if _is_dynemb(n.op)})
+    if left:  # (not expected: the pruning above removes them all)
+        raise ValueError("dynemb export: the serving graph still has dynemb ops %s" % left)
+    return list(tables)
+
+
+def _strip_op_list(mg: Any) -> None:
+    """The meta graph's list of the op definitions it uses, for the ops it
+    uses now."""
+    used = {n.op for n in mg.graph_def.node}
+    for f in mg.graph_def.library.function:
+        used |= {n.op for n in f.node_def}
+    used -= {f.signature.name for f in mg.graph_def.library.function}
+    ops = mg.meta_info_def.stripped_op_list
+    have = {o.name: o for o in ops.op if o.name in used}
+    for name in sorted(used - set(have)):
+        od = op_def_registry.get(name)
+        if od is not None:
+            have[name] = od
+    del ops.op[:]
+    ops.op.extend(have[k] for k in sorted(have))
+
+
+# --------------------------------------------------------------------------
+# The builders
+# --------------------------------------------------------------------------
+
+_EXPORTING = threading.local()
+
+
+@contextlib.contextmanager
+def _exporting() -> Iterator[None]:
+    """The builder's Saver.save writes the dense variables only: the tables
+    go into the assets."""
+    depth = getattr(_EXPORTING, "depth", 0)
+    _EXPORTING.depth = depth + 1
+    try:
+        with tables_not_saved():
+            yield
+    finally:
+        _EXPORTING.depth = depth
+
+
+_orig_tag_and_add = builder_impl._SavedModelBuilder._tag_and_add_meta_graph  # pylint: disable=protected-access
+_orig_add_v1 = builder_impl.SavedModelBuilder.add_meta_graph_and_variables
+_orig_add_v2 = builder_impl._SavedModelBuilder.add_meta_graph_and_variables  # pylint: disable=protected-access
+
+
+def _check_one_process() -> None:
+    if _state.get_rank_size() > 1:
+        raise ValueError(
+            "dynemb export: this process holds only its rank's part of the tables (rank %d "
+            "of %d); export from one process, which restores every rank's part of the "
+            "checkpoint (e.g. estimator.export_saved_model(...) or "
+            "dynemb.export_saved_model(...) after Saver.restore in a one-process run)"
+            % (_state.get_rank_id(), _state.get_rank_size()))
+
+
+def _tag_and_add(self, meta_graph_def, tags, signature_def_map):
+    if any(_is_dynemb(n.op) for n in meta_graph_def.graph_def.node):
+        _check_one_process()
+        if signature_def_map:  # signatures are added to the meta graph below
+            for k, v in signature_def_map.items():
+                meta_graph_def.signature_def[k].CopyFrom(v)
+        rewrite_meta_graph(meta_graph_def, self._export_dir)  # pylint: disable=protected-access
+    return _orig_tag_and_add(self, meta_graph_def, tags, signature_def_map)
+
+
+def _serving_saver(graph: tf.Graph, saver: Any) -> Any:
+    """The builder's saver without the tables' checkpoint markers (their
+    rows are in the assets, and a marker's save runs Python): the given
+    saver's variables, or the builder's default ones."""
+    ours = [s for s in graph.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+            if isinstance(s, TABLE_SAVEABLES)]
+    if not ours or graph.finalized:
+        return saver
+    var_list = getattr(saver, "_var_list", None) if saver is not None else None
+    if var_list is None:
+        var_list = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) + \
+            graph.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+    if isinstance(var_list, dict):
+        var_list = {k: v for k, v in var_list.items() if not isinstance(v, TABLE_SAVEABLES)}
+    else:
+        var_list = [v for v in var_list if not isinstance(v, TABLE_SAVEABLES)]
+    with graph.as_default():
+        return tf.compat.v1.train.Saver(
+            var_list=var_list, sharded=True, allow_empty=True,
+            write_version=tf.compat.v1.train.SaverDef.V2)
+
+
+def _add(orig: Any, self: Any, sess: Any, tags: Any, *args: Any, **kwargs: Any) -> Any:
+    bound = inspect.signature(orig).bind(self, sess, tags, *args, **kwargs)
+    bound.arguments["saver"] = _serving_saver(sess.graph, bound.arguments.get("saver"))
+    with _exporting():
+        return orig(*bound.args, **bound.kwargs)
+
+
+def _add_v1(self, sess, tags, *args, **kwargs):
+    return _add(_orig_add_v1, self, sess, tags, *args, **kwargs)
+
+
+def _add_v2(self, sess, tags, *args, **kwargs):
+    return _add(_orig_add_v2, self, sess, tags, *args, **kwargs)
+
+
+def patch_builders() -> None:
+    """Installs the rewrite in TensorFlow's SavedModel builders (idempotent;
+    a graph without dynemb ops is exported unchanged)."""
+    builder_impl._SavedModelBuilder._tag_and_add_meta_graph = _tag_and_add  # pylint: disable=protected-access
+    builder_impl.SavedModelBuilder.add_meta_graph_and_variables = _add_v1
+    builder_impl._SavedModelBuilder.add_meta_graph_and_variables = _add_v2  # pylint: disable=protected-access
+
+
+def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
+                       tags: Optional[list] = None,
+                       signature_name: str = "serving_default") -> str:
+    """Writes a SavedModel of `sess`'s graph that stock TensorFlow serves (no
+    dynemb needed to load or run it): one prediction signature from `inputs`
+    and `outputs` (name -> tensor), tagged `tags` (default: serve), whose
+    lookups read the tables as they are now. Returns `export_dir`, which must
+    not exist yet."""
+    if not isinstance(inputs, dict) or not isinstance(outputs, dict) or not outputs:
+        raise TypeError("dynemb.export_saved_model: inputs and outputs must be dicts of "
+                        "name -> tensor (outputs not empty)")
+    if os.path.exists(export_dir):
+        raise ValueError("dynemb.export_saved_model: '%s' exists; pass a new directory "
+                         "(nothing was written)" % export_dir)
+    _check_one_process()
+    sig = tf.compat.v1.saved_model.signature_def_utils.predict_signature_def(inputs, outputs)
+    # Written next to its place and renamed: a failed export leaves nothing.
+    tmp = "%s.tmp-%d" % (os.path.normpath(export_dir), os.getpid())
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        builder = tf.compat.v1.saved_model.Builder(tmp)
+        with sess.graph.as_default():
+            builder.add_meta_graph_and_variables(
+                sess, tags or [tf.compat.v1.saved_model.tag_constants.SERVING],
+                signature_def_map={signature_name: sig},
+                main_op=tf.compat.v1.tables_initializer() if not sess.graph.finalized
+                else None)
+        builder.save()
+        os.rename(tmp, export_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("dynemb export: SavedModel written to %s", export_dir)
+    return export_dir
