@@ -24,6 +24,12 @@ step (the pipeline that prepares batches ahead is one process's, so far), the
 dense gradients are summed over ranks, every rank starts from rank 0's dense
 variables, and rank 0 prints the progress and the held-out AUC of all ranks'
 predictions (docs/distributed.md).
+
+``--export DIR`` ends the run by writing the trained model as a SavedModel that
+stock TensorFlow serves without dynemb (TensorFlow Serving, ``saved_model_cli``,
+``tf.saved_model.load``): the tables become ordinary hash tables and variables
+(docs/serving.md). ``--predictions FILE`` writes the last epoch's held-out
+probabilities (NumPy, in file order), e.g. to compare a served model with.
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--access-threshold", type=int, default=2,
                    help="occurrences before an id gets a trainable row (0/1: at once)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="write the trained model as a SavedModel to DIR (must not exist)")
+    p.add_argument("--predictions", default=None, metavar="FILE",
+                   help="write the last epoch's held-out probabilities to FILE (.npy)")
     p.add_argument("--ssd-dir", default=None,
                    help="put each table's rows beyond --memory-rows in an SSD tier file here")
     p.add_argument("--memory-rows", type=int, default=1000,
@@ -168,6 +178,16 @@ def main(argv=None) -> int:
             say(f"epoch {epoch}: train loss {train_loss:.4f}  held-out AUC "
                 f"{auc(y, p):.4f}  logloss {criteo_model.logloss(y, p):.4f}")
         elapsed = time.time() - t_all
+        if args.predictions and rank == 0:
+            np.save(args.predictions, p)
+        if args.export:
+            # A serving head on placeholders, sharing the trained tables and
+            # dense layers; the export turns its lookups into stock ops.
+            serve_x = criteo_model.serving_inputs()
+            serve_p, _ = build_model(serve_x, None, tables, wide, False, access_cfg, args.seed)
+            dynemb.export_saved_model(sess, args.export, inputs=serve_x,
+                                      outputs={"probability": serve_p})
+            say(f"SavedModel for serving written to {args.export}")
     # (several ranks: each holds a shard; the figures are summed over ranks)
     sizes = {name: sum(dynemb.allgather_object(t.size())) for name, t in tables.items()}
     biggest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]

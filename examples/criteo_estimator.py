@@ -16,6 +16,10 @@ the same as the sess.run demo examples/criteo_demo.py):
    admission keeps ids out of the tables until seen --access-threshold times.
    For comparison, day 2 is also trained from scratch (--no-cold skips that).
 
+``--export DIR`` then writes the day-2 model with ``estimator.export_saved_model``:
+a SavedModel that stock TensorFlow serves without dynemb (docs/serving.md);
+``--predictions FILE`` writes day 2's held-out probabilities (NumPy, file order).
+
 The script is a plain ``tf.estimator.Estimator`` script: ``import dynemb`` makes
 TensorFlow's warm start (which Estimator calls) load dynemb tables too, also for
 mxRec's multi-path form (lists of paths; see docs/warm-start.md).
@@ -64,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="EvictHook runs the eviction every this many steps")
     p.add_argument("--no-cold", action="store_true", help="skip training day 2 from scratch")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="write the day-2 model as a SavedModel under DIR")
+    p.add_argument("--predictions", default=None, metavar="FILE",
+                   help="write day 2's held-out probabilities to FILE (.npy)")
     return p.parse_args(argv)
 
 
@@ -76,8 +84,10 @@ def model_fn(features, labels, mode, params):
     probs, loss = criteo_model.build_model(features, labels, tables, wide, is_train,
                                            access_cfg, params["seed"])
     if mode == tf.estimator.ModeKeys.PREDICT:
-        return tf.estimator.EstimatorSpec(mode, predictions={"prob": probs,
-                                                             "label": features["label"]})
+        out = {"prob": probs}
+        if "label" in features:  # (the held-out pipeline's; requests have none)
+            out["label"] = features["label"]
+        return tf.estimator.EstimatorSpec(mode, predictions=out)
     if mode == tf.estimator.ModeKeys.EVAL:
         return tf.estimator.EstimatorSpec(mode, loss=loss)
     op = criteo_model.train_op(loss, sparse_opt, tf.compat.v1.train.get_global_step())
@@ -98,7 +108,12 @@ def evaluate(est, args, path) -> tuple:
     preds = list(est.predict(input_fn(args, path, "eval"), hooks=[dynemb.GraphModifierHook()]))
     p = np.array([r["prob"] for r in preds])
     y = np.array([r["label"] for r in preds])
-    return criteo_model.auc(y, p), criteo_model.logloss(y, p)
+    return criteo_model.auc(y, p), criteo_model.logloss(y, p), p
+
+
+def serving_input_fn():
+    x = criteo_model.serving_inputs()
+    return tf.estimator.export.ServingInputReceiver(x, x)
 
 
 def rows() -> int:
@@ -122,9 +137,10 @@ def run_day(name, args, path, model_dir, part, warm_start_from=None) -> dict:
               hooks=[dynemb.GraphModifierHook(), evict])
     seconds = time.time() - t0
     size = rows()
-    auc, logloss = evaluate(est, args, path)
+    auc, logloss, probs = evaluate(est, args, path)
     out = {"steps": est.get_variable_value("global_step"), "seconds": seconds, "rows": size,
-           "evicted": evict.evicted_total, "auc": auc, "logloss": logloss}
+           "evicted": evict.evicted_total, "auc": auc, "logloss": logloss, "probs": probs,
+           "estimator": est}
     print(f"{name}: {out['steps']} steps in {seconds:.1f} s, {size:,} table rows, "
           f"{out['evicted']:,} evicted; held-out AUC {auc:.4f}  logloss {logloss:.4f}",
           flush=True)
@@ -157,6 +173,11 @@ def main(argv=None) -> int:
         print(f"day 2 warm-starts from {ckpt}: {saved:,} table rows and the dense layers")
         warm = run_day("day 2 (warm start)", args, path, os.path.join(base, "day2"), (1, 2),
                        warm_start_from=tf.estimator.WarmStartSettings(day1, ".*"))
+        if args.predictions:
+            np.save(args.predictions, warm["probs"])
+        if args.export:
+            out = warm["estimator"].export_saved_model(args.export, serving_input_fn)
+            print(f"day 2's SavedModel for serving: {out.decode()}")
         if not args.no_cold:
             cold = run_day("day 2 (from scratch)", args, path, os.path.join(base, "day2_cold"),
                            (1, 2))

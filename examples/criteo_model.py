@@ -104,6 +104,15 @@ def train_op(loss: tf.Tensor, sparse_opt: Any,
                                    global_step=global_step))
 
 
+def serving_inputs() -> Dict[str, tf.Tensor]:
+    """Placeholders for one batch of requests, the features of
+    criteo_data's pipeline (a served model's inputs)."""
+    x = {name: tf.compat.v1.placeholder(tf.int64, [None], name=name)
+         for name in criteo_data.CAT_NAMES}
+    x["dense"] = tf.compat.v1.placeholder(tf.float32, [None, criteo_data.NUM_INT], name="dense")
+    return x
+
+
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve (Mann-Whitney U, ties get average ranks)."""
     labels = np.asarray(labels, bool)

@@ -336,8 +336,14 @@ def rewrite_meta_graph(mg: Any, export_dir: str) -> list:
         stem = _file_stem(name, stems)
         rows, dim = _write_table(name, assets_dir, stem)
         tables[name] = (stem, rows, dim)
-        logger.info("dynemb export: table '%s': %d rows x %d written to %s", name, rows,
-                    dim, assets_dir)
+        logger.debug("dynemb export: table '%s': %d rows x %d written to %s", name, rows,
+                     dim, assets_dir)
+    if tables:
+        logger.info("dynemb export: %d table(s), %d rows, %.1f MB written to %s",
+                    len(tables), sum(t[1] for t in tables.values()),
+                    sum(os.path.getsize(os.path.join(assets_dir, t[0] + x))
+                        for t in tables.values() for x in ("-keys.bin", "-rows.bin")) / 1e6,
+                    assets_dir)
     dtypes = [tf.as_dtype(n.attr["Tkeys"].type) if "Tkeys" in n.attr else tf.int64
               for n in used]
     rgd, outputs, templates, init, assets, var_defs, table_inits = _replacement(
@@ -457,7 +463,9 @@ def _tag_and_add(self, meta_graph_def, tags, signature_def_map):
         if signature_def_map:  # signatures are added to the meta graph below
             for k, v in signature_def_map.items():
                 meta_graph_def.signature_def[k].CopyFrom(v)
-        rewrite_meta_graph(meta_graph_def, self._export_dir)  # pylint: disable=protected-access
+        export_dir = self._export_dir  # pylint: disable=protected-access
+        rewrite_meta_graph(meta_graph_def, export_dir.decode()
+                           if isinstance(export_dir, bytes) else str(export_dir))
     return _orig_tag_and_add(self, meta_graph_def, tags, signature_def_map)
 
 
