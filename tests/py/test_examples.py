@@ -1,6 +1,7 @@
 """The examples run as a user runs them: the quick start of README.md
 (examples/quickstart.py), and the Criteo demo with and without its SSD tier,
 and on two ranks (`make demo RANKS=2`)."""
+import json
 import os
 import re
 import shutil
@@ -8,8 +9,13 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+import criteo_data  # noqa: E402  (the demo's data, TensorFlow only)
+
+DATA = criteo_data.data_path()  # the file the demo reads by default
 
 
 def test_quickstart_trains_and_grows_the_table():
@@ -38,8 +44,104 @@ def _demo(*args, ranks=1):
 
 
 @pytest.fixture(scope="module")
-def plain():
-    return _demo()
+def served(tmp_path_factory):
+    d = tmp_path_factory.mktemp("served")
+    return d, _demo("--export", str(d / "model"), "--predictions", str(d / "probs.npy"))
+
+
+@pytest.fixture(scope="module")
+def plain(served):
+    return served[1]
+
+
+def _other_tensorflow():
+    """The Python of the other TensorFlow of `make test` (2.19.1 when this is
+    the pinned 2.15.1, and the other way round), if it is installed."""
+    for venv in (".venv-tf219", ".venv"):
+        py = os.path.join(ROOT, venv, "bin", "python")
+        if os.path.isfile(py) and os.path.realpath(os.path.dirname(os.path.dirname(py))) != \
+                os.path.realpath(sys.prefix):
+            return py
+    return None
+
+
+def _serve_check(model, probs):
+    """serve_check.py's findings in a fresh process without dynemb, on this
+    TensorFlow and on the other one of `make test`."""
+    out = []
+    for py in filter(None, (sys.executable, _other_tensorflow())):
+        r = subprocess.run([py, os.path.join(ROOT, "tests", "py", "serve_check.py"), model,
+                            "--criteo", DATA, "--predictions", probs],
+                           capture_output=True, text=True, timeout=300,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        out.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def _check_served(model, probs):
+    for found in _serve_check(model, probs):
+        assert found["unknown"] == [], found  # every op is stock TensorFlow's
+        assert not [o for o in found["ops"] if o.startswith("Dynemb") or o == "PyFunc"]
+        assert found["rows"] == 2000
+        # the eval predictions of the training process, through both loaders
+        assert found["max_diff_tf1"] <= 1e-6 and found["max_diff_tf2"] <= 1e-6, found
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    r = subprocess.run([cli, "show", "--dir", model, "--all"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "serving_default" in r.stdout and "C26" in r.stdout, r.stderr
+
+
+def _heldout_ids_by_sightings():
+    """Of the held-out (field, id) pairs: how many were never in the training
+    rows, and how many were in them once (below the demo's admission
+    threshold of 2 after one epoch), counted from the data itself."""
+    def batches(split):
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            it = tf.compat.v1.data.make_one_shot_iterator(
+                criteo_data.make_dataset(split, 512, DATA))
+            x = it.get_next()[0]
+            while True:
+                try:
+                    yield sess.run(x)
+                except tf.errors.OutOfRangeError:
+                    return
+    counts = {}
+    for x in batches("train"):
+        for name in criteo_data.CAT_NAMES:
+            for v in x[name]:
+                counts[(name, v)] = counts.get((name, v), 0) + 1
+    never = once = 0
+    for x in batches("eval"):
+        for name in criteo_data.CAT_NAMES:
+            for v in x[name]:
+                c = counts.get((name, v), 0)
+                never += c == 0
+                once += c == 1
+    return never, once
+
+
+def test_demo_model_serves_in_stock_tensorflow(served):
+    # the demo's --export: its held-out predictions, served without dynemb;
+    # among the held-out ids are many never seen and many below the
+    # admission threshold (both read the default value)
+    d, out = served
+    assert "SavedModel for serving written to" in out
+    _check_served(str(d / "model"), str(d / "probs.npy"))
+    never, once = _heldout_ids_by_sightings()
+    assert never > 1000 and once > 1000, (never, once)
+
+
+@pytest.mark.estimator
+def test_estimator_model_serves_in_stock_tensorflow(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "criteo_estimator.py"),
+                        "--epochs", "1", "--no-cold", "--export", str(tmp_path / "export"),
+                        "--predictions", str(tmp_path / "probs.npy")],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (model,) = os.listdir(tmp_path / "export")  # Estimator's <timestamp> directory
+    _check_served(str(tmp_path / "export" / model), str(tmp_path / "probs.npy"))
 
 
 def test_demo_over_the_ssd_tier_gives_the_same_auc(tmp_path, plain):

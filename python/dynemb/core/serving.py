@@ -530,20 +530,37 @@ def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
                          "(nothing was written)" % export_dir)
     _check_one_process()
     sig = tf.compat.v1.saved_model.signature_def_utils.predict_signature_def(inputs, outputs)
+    if hasattr(sess, "_tf_sess"):  # a MonitoredSession: its hooks must not run
+        sess = sess._tf_sess()  # pylint: disable=protected-access
+    graph = sess.graph
+    # The builder adds its saver's ops (a MonitoredSession finalizes the graph).
+    finalized = graph.finalized
+    if finalized:
+        graph._unsafe_unfinalize()  # pylint: disable=protected-access
     # Written next to its place and renamed: a failed export leaves nothing.
     tmp = "%s.tmp-%d" % (os.path.normpath(export_dir), os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
+    # The builder records its main op and assets in the graph, and refuses a
+    # graph that has a main op: a training graph exports again and again.
+    kept = {k: graph.get_collection(k) for k in _INIT_COLLECTIONS + (_ASSET_COLLECTION,)}
+    for k in kept:
+        graph.clear_collection(k)
     try:
         builder = tf.compat.v1.saved_model.Builder(tmp)
-        with sess.graph.as_default():
+        with graph.as_default():
             builder.add_meta_graph_and_variables(
                 sess, tags or [tf.compat.v1.saved_model.tag_constants.SERVING],
                 signature_def_map={signature_name: sig},
-                main_op=tf.compat.v1.tables_initializer() if not sess.graph.finalized
-                else None)
+                main_op=tf.compat.v1.tables_initializer())
         builder.save()
         os.rename(tmp, export_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        for k, v in kept.items():
+            graph.clear_collection(k)
+            for x in v:
+                graph.add_to_collection(k, x)
+        if finalized:
+            graph.finalize()
     logger.info("dynemb export: SavedModel written to %s", export_dir)
     return export_dir
