@@ -184,7 +184,8 @@ def main(argv=None) -> int:
             # A serving head on placeholders, sharing the trained tables and
             # dense layers; the export turns its lookups into stock ops.
             serve_x = criteo_model.serving_inputs()
-            serve_p, _ = build_model(serve_x, None, tables, wide, False, access_cfg, args.seed)
+            serve_p, _ = build_model(serve_x, None, tables, wide, False, access_cfg, args.seed,
+                                     modify_graph=False)
             dynemb.export_saved_model(sess, args.export, inputs=serve_x,
                                       outputs={"probability": serve_p})
             say(f"SavedModel for serving written to {args.export}")

@@ -47,23 +47,25 @@ def create_tables(dim: int, seed: int, sparse_opt: Any, ssd_dir: Optional[str] =
 
 def build_model(features: Dict[str, tf.Tensor], label: Optional[tf.Tensor], tables: Tables,
                 wide: Any, is_train: bool, access_cfg: Optional[dict],
-                seed: int) -> Tuple[tf.Tensor, Optional[tf.Tensor]]:
+                seed: int, modify_graph: bool = True) -> Tuple[tf.Tensor, Optional[tf.Tensor]]:
     """Wide & Deep probabilities and loss (None without a label) for one batch;
     the dense variables are shared between calls in one graph. The loss is
     the batch's mean, or with features["global_rows"] (several ranks, each
     on a slice of the global batch) the slice's sum divided by the global
-    batch's rows: summed over ranks, the global batch's mean."""
+    batch's rows: summed over ranks, the global batch's mean. modify_graph:
+    the lookups' (False for a head on placeholders, such as a serving head:
+    only ids from a tf.data pipeline are prepared ahead)."""
     deep = []
     for name in criteo_data.CAT_NAMES:
         emb = dynemb.sparse_lookup(tables[name], features[name], is_train=is_train,
-                                   modify_graph=True, access_and_evict_config=access_cfg,
+                                   modify_graph=modify_graph, access_and_evict_config=access_cfg,
                                    name=f"{name}_lookup")
         deep.append(emb)
     # The wide table is shared by all fields: a field-aware id keeps the fields
     # apart (the raw ids are < 2^33, the field index goes above).
     field_ids = tf.stack([features[name] + (i << 33)
                           for i, name in enumerate(criteo_data.CAT_NAMES)], axis=1)
-    wide_w = dynemb.sparse_lookup(wide, field_ids, is_train=is_train, modify_graph=True,
+    wide_w = dynemb.sparse_lookup(wide, field_ids, is_train=is_train, modify_graph=modify_graph,
                                   access_and_evict_config=access_cfg, name="wide_lookup")
     with tf.compat.v1.variable_scope("dense", reuse=tf.compat.v1.AUTO_REUSE):
         x = tf.concat(deep + [features["dense"]], axis=1)
