@@ -21,7 +21,7 @@
 #   make demo       venv + build + the Criteo training demo (RANKS=2: on
 #                   two ranks under mpirun)
 #   make bench      engine benchmark (JSON); bench-ssd, bench-step, bench-tf,
-#                   bench-ranks and probe-limit: the other benchmarks, each building what
+#                   bench-ranks, bench-serving and probe-limit: the other benchmarks, each building what
 #                   it needs (BENCHMARKS.md); `make all` builds none of them
 
 CC       ?= cc
@@ -335,6 +335,12 @@ EXCHANGE_BENCH := build/bench/exchange_bench
 $(EXCHANGE_BENCH): bench/exchange_bench.c comm/exchange.c comm/dynemb_comm.h
 	@mkdir -p $(@D)
 	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm $< comm/exchange.c -o $@ -pthread
+# Export for serving: time and size against a checkpoint, served latency
+# against the training graph's eval lookups (docs/serving.md).
+bench-serving: all install-py
+	$(VPY) bench/serving.py --json
+.PHONY: bench-serving
+
 bench-ranks: all install-py $(EXCHANGE_BENCH)
 	$(VPY) bench/ranks.py --ranks $(if $(filter-out 1,$(RANKS)),$(RANKS),2) --json
 .PHONY: bench-ranks
