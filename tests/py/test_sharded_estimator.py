@@ -25,16 +25,18 @@ pytestmark = pytest.mark.skipif(
            "(apt-get install openmpi-bin libopenmpi-dev; make ops)")
 
 
-def _run(n, d, modify=False):
+def _run(n, d, modify=False, export=None):
     env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
                TF_CPP_MIN_LOG_LEVEL="2", RESULTS=str(d), DYNEMB_EXCHANGE_TIMEOUT="60",
-               MODIFY="1" if modify else "0")
+               MODIFY="1" if modify else "0", EXPORT=str(export or ""))
     cmd = [sys.executable, str(SCRIPT), str(d / "model")]
     if n > 1:
         cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(n)] + cmd
     p = subprocess.run(["timeout", "-k", "5", "200"] + cmd, cwd=ROOT, env=env,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    if export:
+        return []
     return [json.loads((d / ("est-%d.json" % r)).read_text()) for r in range(n)]
 
 
@@ -56,6 +58,30 @@ def test_estimator_on_n_ranks_equals_one_process(n, one, tmp_path):
             [f for f in one["checkpoints"] if "tfevents" not in f]
     parts = sorted(os.listdir(tmp_path / "model" / "sparse-model.ckpt-6"))
     assert parts == ["rank-%d-of-%d" % (r, n) for r in range(n)]
+    if n == 3:
+        # one SavedModel from the N-rank checkpoint: a one-process run
+        # exports it; it serves the N-rank run's predictions
+        _run(1, tmp_path, export=tmp_path / "export")
+        (model,) = os.listdir(tmp_path / "export")
+        served = _serve(str(tmp_path / "export" / model),
+                        np.random.default_rng(5))
+        np.testing.assert_allclose(served, one["logits"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(served, got["logits"], rtol=1e-5, atol=1e-7)
+
+
+def _serve(model, rng):
+    """The exported model's logits for the script's eval ids (drawn as the
+    script draws them), through TensorFlow's own loader."""
+    import tensorflow as tf
+    steps, b = 6, 12
+    rng.integers(0, 50, size=(steps * b, 3))
+    rng.integers(0, 2, size=(steps * b, 1))
+    eval_ids = rng.integers(0, 60, size=(20, 3)).astype(np.int64)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+        mg = tf.compat.v1.saved_model.loader.load(s, ["serve"], model)
+        assert not [n.op for n in mg.graph_def.node if n.op.startswith("Dynemb")]
+        sig = mg.signature_def["serving_default"]
+        return s.run(sig.outputs["logit"].name, {sig.inputs["ids"].name: eval_ids})
 
 
 @pytest.mark.estimator

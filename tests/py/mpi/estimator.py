@@ -9,7 +9,9 @@ one process's update for the global batch. Checkpoints every 2 steps
 predict: every rank reads the whole eval set, so every rank's lookups need
 rows that other ranks own. With MODIFY=1 the lookups use modify_graph=True
 and every call gets GraphModifierHook (automatic graph modification).
-Results: $RESULTS/est-<rank>.json."""
+Results: $RESULTS/est-<rank>.json. With EXPORT=<dir> (one process, after
+a run of any rank count): no training; the model_dir's latest checkpoint
+(every rank's part) is exported with export_saved_model under <dir>."""
 import json
 import os
 import sys
@@ -73,6 +75,12 @@ def model_fn(features, labels, mode):
 config = tf.estimator.RunConfig(model_dir=model_dir, save_checkpoints_steps=2,
                                 save_summary_steps=1000, log_step_count_steps=1000)
 est = tf.estimator.Estimator(model_fn, config=config)
+if os.environ.get("EXPORT"):
+    def serving_input_fn():
+        x = {"ids": tf.compat.v1.placeholder(tf.int64, [None, 3], name="ids")}
+        return tf.estimator.export.ServingInputReceiver(x, x)
+    est.export_saved_model(os.environ["EXPORT"], serving_input_fn)
+    sys.exit(0)
 est.train(train_input, steps=STEPS, hooks=hooks)
 metrics = est.evaluate(eval_input, hooks=hooks)
 logits = [p["logit"].tolist() for p in est.predict(eval_input, hooks=hooks)]
