@@ -166,11 +166,10 @@ def main(argv=None) -> int:
           f"steps (checked every {args.evict_step_interval})")
     try:
         day1 = os.path.join(base, "day1")
-        run_day("day 1", args, path, day1, (0, 2))
+        first = run_day("day 1", args, path, day1, (0, 2))
         ckpt = tf.train.latest_checkpoint(day1)
-        saved = sum(s[0] for n, s in tf.train.list_variables(ckpt)
-                    if n.startswith("dynemb/") and n.endswith("/keys"))
-        print(f"day 2 warm-starts from {ckpt}: {saved:,} table rows and the dense layers")
+        print(f"day 2 warm-starts from {ckpt}: its {first['rows']:,} table rows and the "
+              f"dense layers")
         warm = run_day("day 2 (warm start)", args, path, os.path.join(base, "day2"), (1, 2),
                        warm_start_from=tf.estimator.WarmStartSettings(day1, ".*"))
         if args.predictions:
