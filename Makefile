@@ -335,6 +335,7 @@ EXCHANGE_BENCH := build/bench/exchange_bench
 $(EXCHANGE_BENCH): bench/exchange_bench.c comm/exchange.c comm/dynemb_comm.h
 	@mkdir -p $(@D)
 	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm $< comm/exchange.c -o $@ -pthread
+
 # Export for serving: time and size against a checkpoint, served latency
 # against the training graph's eval lookups (docs/serving.md).
 bench-serving: all install-py
