@@ -503,12 +503,37 @@ DYNEMB_API int dynemb_table_export_raw(dynemb_table *t, const char *keys_path,
  * renamed; the MANIFEST is replaced last, so a crash during save leaves the
  * previous checkpoint in the directory loadable. */
 #define DYNEMB_CKPT_FORMAT_VERSION 1
+/* The MANIFEST version of an incremental checkpoint (one that builds on
+ * another; dynemb_checkpoint_save_incremental). */
+#define DYNEMB_CKPT_DELTA_VERSION 2
 
 /* Saves `n` tables into directory `dir` (created if missing). Tables
  * already in the directory's MANIFEST but not named here are kept.
  * Errors: EIO (message has the path and errno text), ENOMEM. */
 DYNEMB_API int dynemb_checkpoint_save(const char *dir,
                                       dynemb_table *const *tables, size_t n);
+
+/* Incremental checkpoints. Saves the `n` tables into `dir` as a delta of
+ * the previous save made by this function for the same tables: only the
+ * rows and admission candidates that changed since (values, optimizer
+ * state, counts, last access), and the keys that are gone (evicted, or
+ * moved between row and candidate). `dir` must not hold a checkpoint yet,
+ * and the previous save's directory must still hold what it wrote (its
+ * MANIFEST unchanged). Otherwise, or with `full` nonzero, or the first
+ * time, it makes a full save (into any directory, as
+ * dynemb_checkpoint_save) that later deltas build on. *delta (may be
+ * NULL) tells which was written. A delta's MANIFEST names the directory it
+ * builds on (relative to its own when they share a parent), so a model
+ * directory can be moved whole. dynemb_checkpoint_load / _read / _verify
+ * of a delta follow the chain to its full checkpoint, verify every file
+ * of the chain before anything changes, and give what a full save at that
+ * moment would hold. Keeps 16 bytes per row and candidate per table
+ * between saves. Errors: as dynemb_checkpoint_save; EINVAL (`dir` is the
+ * previous save's directory). */
+DYNEMB_API int dynemb_checkpoint_save_incremental(const char *dir,
+                                                  dynemb_table *const *tables,
+                                                  size_t n, int full,
+                                                  int *delta);
 
 /* Loads table `name_in_ckpt` (NULL: the table's own name) from `dir` into
  * `t`, as dynemb_table_import with `flags`, shard_index and shard_count.

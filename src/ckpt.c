@@ -31,6 +31,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include "error.h"
 
 #define WHAT_MAX 1024
@@ -245,7 +247,7 @@ static void delete_unreferenced(int dfd, const dynemb_manifest *m) {
   struct dirent *de;
   while ((de = readdir(d)) != NULL) {
     if (!dynemb_manifest_owns_file(de->d_name)) continue;
-    int used = 0;
+    int used = m->removed.file && !strcmp(m->removed.file, de->d_name);
     for (size_t i = 0; i < m->n && !used; i++)
       used = !strcmp(m->entries[i].file, de->d_name);
     if (used) continue;
@@ -264,11 +266,24 @@ static int generation_used(const dynemb_manifest *m, uint64_t gen) {
   return 0;
 }
 
+typedef struct removed_ctx {
+  const dynemb_ckpt_delta *delta;
+  uint64_t bytes;
+  uint32_t crc;
+} removed_ctx;
+
+static int write_removed_fn(int fd, const char *what, void *ctx) {
+  removed_ctx *c = ctx;
+  return dynemb_ckpt_removed_write(fd, what, c->delta, &c->bytes, &c->crc);
+}
+
 /* Saves tables[i] (snapshotted here) or, if tables is NULL, snaps[i], under
- * names[i]. */
+ * names[i]; with `delta`, as an incremental checkpoint into a directory
+ * that holds none yet. */
 static int save_impl(const char *dir, const char *const *names,
                      dynemb_table *const *tables,
-                     const dynemb_snapshot *const *snaps, size_t n) {
+                     const dynemb_snapshot *const *snaps, size_t n,
+                     const dynemb_ckpt_delta *delta) {
   dynemb_error_clear();
   char what[WHAT_MAX];
   if (!dir || !*dir)
@@ -307,15 +322,43 @@ static int save_impl(const char *dir, const char *const *names,
     close(dfd);
     return rc;
   }
+  if (delta && exists) {
+    dynemb_manifest_free(&old);
+    close(dfd);
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "%s: an incremental save writes a new directory, "
+                            "but this one already holds a checkpoint; save "
+                            "into a directory of its own",
+                            what);
+  }
   uint64_t gen = old.generation + 1;
   while (gen == 0 || generation_used(&old, gen)) gen++;
   next.generation = gen;
   next.entries = calloc(old.n + n + 1, sizeof *next.entries);
-  char **written = calloc(n + 1, sizeof *written);
+  char **written = calloc(n + 2, sizeof *written); /* [n]: the removed file */
   char *text = NULL;
   if (!next.entries || !written) {
     rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
     goto done;
+  }
+  if (delta) {
+    char file[64], tmp[80], fwhat[WHAT_MAX];
+    snprintf(file, sizeof file, "g%06" PRIu64 "-removed.drem", gen);
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    what_fmt(fwhat, "%s: file '%s'", what, tmp);
+    removed_ctx rcx = {.delta = delta};
+    rc = write_atomic(dfd, tmp, file, fwhat, write_removed_fn, &rcx);
+    if (rc) goto done;
+    written[n] = strdup(file);
+    next.parent = strdup(delta->parent);
+    next.parent_crc = delta->parent_crc;
+    next.removed.file = strdup(file);
+    next.removed.bytes = rcx.bytes;
+    next.removed.crc = rcx.crc;
+    if (!written[n] || !next.parent || !next.removed.file) {
+      rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
+      goto done;
+    }
   }
   for (size_t i = 0; i < n && !rc; i++) {
     char file[64], tmp[80], fwhat[WHAT_MAX];
@@ -392,17 +435,18 @@ static int save_impl(const char *dir, const char *const *names,
     rc = dynemb_error_set(DYNEMB_EIO, "%s: fsync of the directory failed "
                                       "after replacing MANIFEST: %s",
                           what, strerror(e));
-    for (size_t i = 0; i < n; i++) written[i][0] = '\0'; /* keep new files */
+    for (size_t i = 0; i <= n; i++) /* keep the new files */
+      if (written[i]) written[i][0] = '\0';
     goto done;
   }
   delete_unreferenced(dfd, &next);
 done:
   if (rc && written) {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i <= n; i++)
       if (written[i] && written[i][0]) (void)unlinkat(dfd, written[i], 0);
   }
   if (written)
-    for (size_t i = 0; i < n; i++) free(written[i]);
+    for (size_t i = 0; i <= n; i++) free(written[i]);
   free(written);
   free(text);
   dynemb_manifest_free(&old);
@@ -416,7 +460,13 @@ int dynemb_ckpt_save_snapshots(const char *dir, const char *const *names,
   if (n && !snaps)
     return dynemb_error_set(DYNEMB_EINVAL, "checkpoint save: snapshots "
                                            "array is NULL");
-  return save_impl(dir, names, NULL, snaps, n);
+  return save_impl(dir, names, NULL, snaps, n, NULL);
+}
+
+int dynemb_ckpt_save_delta(const char *dir, const char *const *names,
+                           const dynemb_snapshot *const *snaps, size_t n,
+                           const dynemb_ckpt_delta *delta) {
+  return save_impl(dir, names, NULL, snaps, n, delta);
 }
 
 int dynemb_checkpoint_save(const char *dir, dynemb_table *const *tables,
@@ -429,7 +479,7 @@ int dynemb_checkpoint_save(const char *dir, dynemb_table *const *tables,
     return dynemb_error_set(DYNEMB_ENOMEM, "checkpoint save: out of memory");
   for (size_t i = 0; i < n; i++)
     names[i] = tables[i] ? dynemb_table_name(tables[i]) : NULL;
-  int rc = save_impl(dir, names, tables, NULL, n);
+  int rc = save_impl(dir, names, tables, NULL, n, NULL);
   free(names);
   return rc;
 }
@@ -569,6 +619,140 @@ out:
   return rc;
 }
 
+/* ---- incremental checkpoints: the chain of directories ------------------- */
+
+/* Longest chain of incremental checkpoints a reader follows (a loop of
+ * directories, which no save makes, stops there). */
+#define CHAIN_MAX 10000
+
+int dynemb_ckpt_manifest_crc(const char *dir, uint32_t *crc) {
+  size_t n = strlen(dir) + sizeof "/" DYNEMB_CKPT_MANIFEST;
+  char *path = malloc(n);
+  if (!path) return dynemb_error_set(DYNEMB_ENOMEM, "out of memory");
+  snprintf(path, n, "%s/%s", dir, DYNEMB_CKPT_MANIFEST);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  free(path);
+  if (fd < 0)
+    return dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': cannot open "
+                            "MANIFEST: %s", dir, strerror(errno));
+  unsigned char buf[1 << 14];
+  uint32_t c = (uint32_t)crc32(0L, Z_NULL, 0);
+  uint64_t total = 0;
+  int rc = DYNEMB_OK;
+  for (;;) {
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      rc = dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': reading MANIFEST: "
+                            "%s", dir, strerror(errno));
+      break;
+    }
+    if (r == 0) break;
+    total += (uint64_t)r;
+    if (total > DYNEMB_CKPT_MANIFEST_MAX) {
+      rc = dynemb_error_set(DYNEMB_ECORRUPT, "checkpoint '%s': MANIFEST is "
+                            "too large", dir);
+      break;
+    }
+    c = (uint32_t)crc32(c, buf, (uInt)r);
+  }
+  close(fd);
+  if (!rc) *crc = c;
+  return rc;
+}
+
+/* *out: the directory that incremental checkpoint `d` (of `dir`) builds
+ * on (malloc'ed), checked to be the one it was written against. */
+static int chain_parent(const char *dir, const ckpt_dir *d, int depth,
+                        char **out) {
+  *out = NULL;
+  if (depth >= CHAIN_MAX)
+    return dynemb_error_set(DYNEMB_ECORRUPT, "%s: more than %d incremental "
+                            "checkpoints in a chain (a loop of directories?)",
+                            d->what, CHAIN_MAX);
+  const char *p = d->m.parent;
+  size_t n = strlen(dir) + strlen(p) + 2;
+  char *path = malloc(n);
+  if (!path) return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", d->what);
+  if (p[0] == '/') snprintf(path, n, "%s", p);
+  else snprintf(path, n, "%s/%s", dir, p);
+  uint32_t crc;
+  int rc = dynemb_ckpt_manifest_crc(path, &crc);
+  if (rc) {
+    char msg[WHAT_MAX];
+    what_fmt(msg, "%s", dynemb_last_error());
+    rc = dynemb_error_set(DYNEMB_ECORRUPT,
+                     "%s is incremental: it builds on '%s', which cannot be "
+                     "read (%s); restore that directory, or load a full "
+                     "checkpoint",
+                     d->what, path, msg);
+  } else if (crc != d->m.parent_crc) {
+    dynemb_error_set(DYNEMB_ECORRUPT,
+                     "%s is incremental: it builds on '%s', whose MANIFEST "
+                     "is not the one it was written against (stored CRC "
+                     "0x%08" PRIx32 ", now 0x%08" PRIx32 "; that directory "
+                     "was saved again); restore it, or load a full "
+                     "checkpoint",
+                     d->what, path, d->m.parent_crc, crc);
+    rc = DYNEMB_ECORRUPT;
+  }
+  if (rc) {
+    free(path);
+    return rc;
+  }
+  *out = path;
+  return DYNEMB_OK;
+}
+
+/* Table `name` of delta directory `d`: its snapshot (or only verified when
+ * snap is NULL) and the keys removed since the checkpoint it builds on. */
+static int delta_read(ckpt_dir *d, const char *name, dynemb_snapshot *snap,
+                      int64_t **rk, size_t *nr, int64_t **ck, size_t *nc) {
+  const dynemb_manifest_entry *e = dir_find(d, name);
+  if (!e) return DYNEMB_ENOTFOUND;
+  dynemb_ckpt_header h;
+  int rc = dir_read_table(d, e, 0, &h, snap, NULL);
+  if (rc) return rc;
+  dynemb_ckpt_header_free(&h);
+  rc = dynemb_ckpt_removed_read(d->dfd, &d->m.removed, d->what, name, rk, nr,
+                                ck, nc);
+  if (rc && snap) dynemb_snapshot_free(snap);
+  return rc;
+}
+
+static int read_at(const char *dir, const char *name, dynemb_snapshot *snap,
+                   int depth) {
+  ckpt_dir d;
+  int rc = dir_open(dir, &d);
+  if (rc) return rc;
+  if (!d.m.parent) {
+    const dynemb_manifest_entry *e = dir_find(&d, name);
+    dynemb_ckpt_header h;
+    rc = e ? dir_read_table(&d, e, 0, &h, snap, NULL) : DYNEMB_ENOTFOUND;
+    if (!rc) dynemb_ckpt_header_free(&h);
+    dir_close(&d);
+    return rc;
+  }
+  /* an incremental checkpoint: what it builds on, then its changes */
+  char *parent = NULL;
+  dynemb_snapshot base = {0}, delta = {0};
+  int64_t *rk = NULL, *ck = NULL;
+  size_t nr = 0, nc = 0;
+  rc = chain_parent(dir, &d, depth, &parent);
+  if (!rc) rc = read_at(parent, name, &base, depth + 1);
+  if (!rc) rc = delta_read(&d, name, &delta, &rk, &nr, &ck, &nc);
+  if (!rc) {
+    rc = dynemb_ckpt_apply_delta(&base, rk, nr, ck, nc, &delta, d.what, snap);
+    dynemb_snapshot_free(&delta);
+  }
+  dynemb_snapshot_free(&base);
+  free(rk);
+  free(ck);
+  free(parent);
+  dir_close(&d);
+  return rc;
+}
+
 int dynemb_checkpoint_read(const char *dir, const char *name,
                            dynemb_snapshot *snap) {
   dynemb_error_clear();
@@ -576,19 +760,7 @@ int dynemb_checkpoint_read(const char *dir, const char *name,
     return dynemb_error_set(DYNEMB_EINVAL, "checkpoint read: %s is NULL",
                             snap ? "table name" : "snapshot");
   memset(snap, 0, sizeof *snap);
-  ckpt_dir d;
-  int rc = dir_open(dir, &d);
-  if (rc) return rc;
-  const dynemb_manifest_entry *e = dir_find(&d, name);
-  if (!e) {
-    dir_close(&d);
-    return DYNEMB_ENOTFOUND;
-  }
-  dynemb_ckpt_header h;
-  rc = dir_read_table(&d, e, 0, &h, snap, NULL);
-  if (!rc) dynemb_ckpt_header_free(&h);
-  dir_close(&d);
-  return rc;
+  return read_at(dir, name, snap, 0);
 }
 
 /* pread of exactly n bytes at `off`: 0, an errno value, or -1 (the file
@@ -763,6 +935,79 @@ int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
                                      shard_count, NULL);
 }
 
+static int load_full(const char *dir, dynemb_table *t, const char *name,
+                     unsigned flags, uint32_t shard_index, uint32_t shard_count,
+                     const dynemb_load_options *opts);
+
+/* Verifies every file of table `name` along the chain from `dir` down to
+ * its full checkpoint, before the table changes. */
+static int verify_chain(const char *dir, const char *name, int depth) {
+  ckpt_dir d;
+  int rc = dir_open(dir, &d);
+  if (rc) return rc;
+  if (!d.m.parent) {
+    const dynemb_manifest_entry *e = dir_find(&d, name);
+    dynemb_ckpt_header h;
+    rc = e ? dir_read_table(&d, e, 0, &h, NULL, NULL) : DYNEMB_ENOTFOUND;
+    if (!rc) dynemb_ckpt_header_free(&h);
+    dir_close(&d);
+    return rc;
+  }
+  int64_t *rk = NULL, *ck = NULL;
+  size_t nr, nc;
+  rc = delta_read(&d, name, NULL, &rk, &nr, &ck, &nc);
+  free(rk);
+  free(ck);
+  char *parent = NULL;
+  if (!rc) rc = chain_parent(dir, &d, depth, &parent);
+  if (!rc) rc = verify_chain(parent, name, depth + 1);
+  free(parent);
+  dir_close(&d);
+  return rc;
+}
+
+/* Loads a verified chain: the full checkpoint first, then each delta in
+ * order (its removed keys, then its rows and candidates). */
+static int load_chain(const char *dir, dynemb_table *t, const char *name,
+                      unsigned flags, uint32_t shard_index,
+                      uint32_t shard_count, const dynemb_load_options *opts,
+                      int depth) {
+  ckpt_dir d;
+  int rc = dir_open(dir, &d);
+  if (rc) return rc;
+  if (!d.m.parent) {
+    dir_close(&d);
+    return load_full(dir, t, name, flags, shard_index, shard_count, opts);
+  }
+  char *parent = NULL;
+  rc = chain_parent(dir, &d, depth, &parent);
+  if (!rc)
+    rc = load_chain(parent, t, name, flags, shard_index, shard_count, opts,
+                    depth + 1);
+  free(parent);
+  dynemb_snapshot snap = {0};
+  int64_t *rk = NULL, *ck = NULL;
+  size_t nr = 0, nc = 0;
+  if (!rc) rc = delta_read(&d, name, &snap, &rk, &nr, &ck, &nc);
+  if (!rc && snap.dim != dynemb_table_dim(t))
+    rc = dim_error(dir, name, snap.dim, dynemb_table_name(t),
+                   dynemb_table_dim(t));
+  if (!rc) {
+    int rows_only = opts && opts->rows_only;
+    dynemb_table_remove_keys(t, rk, nr, ck, rows_only ? 0 : nc);
+    apply_options(opts, snap.last_access, snap.rows, snap.cand_last_access,
+                  &snap.candidates);
+    rc = dynemb_table_import(t, &snap, flags & ~(unsigned)DYNEMB_IMPORT_REPLACE,
+                             shard_index, shard_count);
+    if (rc) rc = load_error(rc, dir, name);
+  }
+  dynemb_snapshot_free(&snap);
+  free(rk);
+  free(ck);
+  dir_close(&d);
+  return rc;
+}
+
 int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
                                 const char *name_in_ckpt, unsigned flags,
                                 uint32_t shard_index, uint32_t shard_count,
@@ -783,6 +1028,24 @@ int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
                             "checkpoint load into table '%s': shard_index %"
                             PRIu32 " must be below shard_count %" PRIu32,
                             tname, shard_index, shard_count);
+  ckpt_dir d0;
+  int rc0 = dir_open(dir, &d0);
+  if (rc0) return rc0;
+  int incremental = d0.m.parent != NULL;
+  dir_close(&d0);
+  if (!incremental)
+    return load_full(dir, t, name, flags, shard_index, shard_count, opts);
+  rc0 = verify_chain(dir, name, 0);
+  if (!rc0)
+    rc0 = load_chain(dir, t, name, flags, shard_index, shard_count, opts, 0);
+  return rc0;
+}
+
+/* dynemb_checkpoint_load_with of a full checkpoint. */
+static int load_full(const char *dir, dynemb_table *t, const char *name,
+                     unsigned flags, uint32_t shard_index, uint32_t shard_count,
+                     const dynemb_load_options *opts) {
+  const char *tname = dynemb_table_name(t);
   if (dynemb_table_has_ssd(t)) { /* may be larger than memory */
     ckpt_dir d;
     int rc = dir_open(dir, &d);
@@ -820,18 +1083,36 @@ int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
   return rc;
 }
 
-int dynemb_checkpoint_verify(const char *dir) {
-  dynemb_error_clear();
+static int verify_at(const char *dir, int depth) {
   ckpt_dir d;
   int rc = dir_open(dir, &d);
   if (rc) return rc;
   for (size_t i = 0; i < d.m.n && !rc; i++) {
     dynemb_ckpt_header h;
+    if (d.m.parent) { /* its rows, and the keys removed */
+      int64_t *rk = NULL, *ck = NULL;
+      size_t nr, nc;
+      rc = delta_read(&d, d.m.entries[i].name, NULL, &rk, &nr, &ck, &nc);
+      free(rk);
+      free(ck);
+      continue;
+    }
     rc = dir_read_table(&d, &d.m.entries[i], 0, &h, NULL, NULL);
     if (!rc) dynemb_ckpt_header_free(&h);
   }
+  if (!rc && d.m.parent) { /* and everything it builds on */
+    char *parent = NULL;
+    rc = chain_parent(dir, &d, depth, &parent);
+    if (!rc) rc = verify_at(parent, depth + 1);
+    free(parent);
+  }
   dir_close(&d);
   return rc;
+}
+
+int dynemb_checkpoint_verify(const char *dir) {
+  dynemb_error_clear();
+  return verify_at(dir, 0);
 }
 
 void dynemb_ckpt_entries_free(dynemb_ckpt_entry *entries, size_t n) {

@@ -160,6 +160,14 @@ typedef struct dynemb_manifest {
   uint64_t generation; /* save counter; file names carry it */
   size_t n;
   dynemb_manifest_entry *entries; /* sorted by name, names unique */
+  /* An incremental checkpoint (format version 2, a "delta" line): the
+   * directory of the checkpoint it builds on (absolute, or relative to this
+   * directory), the CRC32 of that directory's MANIFEST when this one was
+   * written, and the file of the keys removed since then
+   * (ckpt_delta.c). parent == NULL: a full checkpoint (version 1). */
+  char *parent;
+  uint32_t parent_crc;
+  dynemb_manifest_entry removed; /* name unused */
 } dynemb_manifest;
 
 /* Parses MANIFEST text. `what` prefixes messages. Errors: ECORRUPT,
@@ -186,7 +194,56 @@ void dynemb_manifest_free(dynemb_manifest *m);
 const dynemb_manifest_entry *dynemb_manifest_find(const dynemb_manifest *m,
                                                   const char *name);
 
+/* ---- ckpt_delta.c: incremental checkpoints -------------------------------- */
+
+/* The keys of one table removed since the checkpoint a delta builds on. */
+typedef struct dynemb_ckpt_removed {
+  const char *name;
+  const int64_t *rows; /* rows gone (evicted, or now a candidate) */
+  size_t nrows;
+  const int64_t *cands; /* candidates gone (evicted, or now a row) */
+  size_t ncands;
+} dynemb_ckpt_removed;
+
+/* What makes a save incremental (dynemb_ckpt_save_delta). */
+typedef struct dynemb_ckpt_delta {
+  const char *parent;  /* the directory it builds on, as the MANIFEST says */
+  uint32_t parent_crc; /* that directory's MANIFEST CRC32 */
+  size_t n;
+  const dynemb_ckpt_removed *tables;
+} dynemb_ckpt_delta;
+
+/* The removed-keys file of a delta: writes `d`'s lists (size and CRC32 of
+ * the file in *bytes, *crc), and reads table `name`'s lists back from
+ * file `e` of directory `dfd`, verified (malloc'ed arrays). Errors: EIO,
+ * ECORRUPT (also: no lists for `name`), ENOMEM. */
+int dynemb_ckpt_removed_write(int fd, const char *what,
+                              const dynemb_ckpt_delta *d, uint64_t *bytes,
+                              uint32_t *crc);
+int dynemb_ckpt_removed_read(int dfd, const dynemb_manifest_entry *e,
+                             const char *what, const char *name,
+                             int64_t **rows, size_t *nrows, int64_t **cands,
+                             size_t *ncands);
+
+/* *out = base with the keys removed and delta's rows and candidates put in
+ * (what loading the chain does to a table), sorted by key. EMISMATCH if
+ * the layouts differ (`what` names the delta), ENOMEM. */
+int dynemb_ckpt_apply_delta(const dynemb_snapshot *base, const int64_t *rk,
+                            size_t nr, const int64_t *ck, size_t nc,
+                            const dynemb_snapshot *delta, const char *what,
+                            dynemb_snapshot *out);
+
 /* ---- ckpt.c: directory-level operations ----------------------------------- */
+
+/* CRC32 of directory `dir`'s MANIFEST file (what a delta records of the
+ * checkpoint it builds on). Errors: EIO, ECORRUPT. */
+int dynemb_ckpt_manifest_crc(const char *dir, uint32_t *crc);
+
+/* dynemb_ckpt_save_snapshots as an incremental checkpoint (`delta`) into a
+ * directory that holds no checkpoint yet (EINVAL otherwise). */
+int dynemb_ckpt_save_delta(const char *dir, const char *const *names,
+                           const dynemb_snapshot *const *snaps, size_t n,
+                           const dynemb_ckpt_delta *delta);
 
 /* Rows per import step when loading into a table with an SSD tier
  * (dynemb_checkpoint_load streams such loads); 0, the default, means about

@@ -13,6 +13,12 @@
  *   generation 7
  *   table user%20id g000007-t0000.dtab 123456 89abcdef
  *   checksum 0123abcd
+ *
+ * An incremental checkpoint is version 2 and has one more line after the
+ * generation: the checkpoint it builds on (a percent-encoded path), that
+ * checkpoint's MANIFEST CRC, and the file of the keys removed since:
+ *
+ *   delta ../sparse-model-100 5f3e2a10 g000001-removed.drem 120 0badc0de
  */
 #include "ckpt.h"
 
@@ -36,6 +42,8 @@ void dynemb_manifest_free(dynemb_manifest *m) {
     free(m->entries[i].file);
   }
   free(m->entries);
+  free(m->parent);
+  free(m->removed.file);
   memset(m, 0, sizeof *m);
 }
 
@@ -67,9 +75,13 @@ static const char *skip_digits(const char *p) {
 
 int dynemb_manifest_owns_file(const char *f) {
   if (!strcmp(f, DYNEMB_CKPT_MANIFEST ".tmp")) return 1;
-  /* g<digits>-t<digits>.dtab[.tmp] */
+  /* g<digits>-t<digits>.dtab[.tmp], g<digits>-removed.drem[.tmp] */
   if (f[0] != 'g') return 0;
   const char *p = skip_digits(f + 1);
+  if (p && !strncmp(p, "-removed.drem", 13)) {
+    p += 13;
+    return *p == '\0' || !strcmp(p, ".tmp");
+  }
   if (!p || strncmp(p, "-t", 2) != 0) return 0;
   p = skip_digits(p + 2);
   if (!p || strncmp(p, ".dtab", 5) != 0) return 0;
@@ -147,6 +159,44 @@ bad:
   return NULL;
 }
 
+/* Copies [f, fe) as a NUL-terminated file name; NULL if unsafe. */
+static char *file_field(const char *f, const char *fe) {
+  char *out = malloc((size_t)(fe - f) + 1);
+  if (!out) return NULL;
+  memcpy(out, f, (size_t)(fe - f));
+  out[fe - f] = '\0';
+  if (!dynemb_manifest_safe_file(out)) {
+    free(out);
+    return NULL;
+  }
+  return out;
+}
+
+static int corrupt(const char *what, size_t line, const char *problem);
+
+/* The line 'delta PARENT PCRC FILE BYTES CRC' at p (version 2). */
+static int parse_delta(const char *p, const char *lim, const char *what,
+                       dynemb_manifest *m, const char **eol_out) {
+  const char *eol = memchr(p, '\n', (size_t)(lim - p));
+  const char *f, *fe;
+  if (!eol || (size_t)(eol - p) < 6 || strncmp(p, "delta ", 6) != 0)
+    goto bad;
+  f = p + 6;
+  fe = field_end(f, eol);
+  if (fe == eol || !(m->parent = decode_name(f, fe))) goto bad;
+  f = parse_hex32(fe + 1, eol, &m->parent_crc);
+  if (!f || f == eol || *f != ' ') goto bad;
+  fe = field_end(f + 1, eol);
+  if (fe == eol || !(m->removed.file = file_field(f + 1, fe))) goto bad;
+  f = parse_u64(fe + 1, eol, &m->removed.bytes);
+  if (!f || f == eol || *f != ' ') goto bad;
+  if (parse_hex32(f + 1, eol, &m->removed.crc) != eol) goto bad;
+  *eol_out = eol;
+  return DYNEMB_OK;
+bad:
+  return corrupt(what, 3, "expected 'delta PARENT CRC FILE BYTES CRC'");
+}
+
 static int cmp_str_ptr(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
@@ -199,18 +249,29 @@ int dynemb_manifest_parse(const char *text, size_t len, const char *what,
   uint64_t version;
   p = text + ml;
   if (!eol || parse_u64(p, eol, &version) != eol) return corrupt(what, 1, "bad version");
-  if (version != DYNEMB_CKPT_FORMAT_VERSION)
+  if (version != DYNEMB_CKPT_FORMAT_VERSION &&
+      version != DYNEMB_CKPT_DELTA_VERSION)
     return dynemb_error_set(DYNEMB_EVERSION,
                             "%s: written in checkpoint format version %" PRIu64
-                            ", but this dynemb reads only version %d; load it "
-                            "with the dynemb release that wrote it",
-                            what, version, DYNEMB_CKPT_FORMAT_VERSION);
+                            ", but this dynemb reads only versions %d and %d; "
+                            "load it with the dynemb release that wrote it",
+                            what, version, DYNEMB_CKPT_FORMAT_VERSION,
+                            DYNEMB_CKPT_DELTA_VERSION);
   /* Line 2: generation. */
   p = eol + 1;
   eol = memchr(p, '\n', (size_t)(lim - p));
   if (!eol || (size_t)(eol - p) < 11 || strncmp(p, "generation ", 11) != 0 ||
       parse_u64(p + 11, eol, &m->generation) != eol)
     return corrupt(what, 2, "expected 'generation N'");
+  size_t line = 2;
+  if (version == DYNEMB_CKPT_DELTA_VERSION) {
+    int rc = parse_delta(eol + 1, lim, what, m, &eol);
+    if (rc) {
+      dynemb_manifest_free(m);
+      return rc;
+    }
+    line++;
+  }
 
   size_t cap = 0;
   for (const char *q = eol + 1; q < lim; q++) cap += *q == '\n';
@@ -220,7 +281,6 @@ int dynemb_manifest_parse(const char *text, size_t len, const char *what,
       return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
   }
   int rc = DYNEMB_OK;
-  size_t line = 2;
   for (p = eol + 1; p < lim; p = eol + 1) {
     line++;
     eol = memchr(p, '\n', (size_t)(lim - p));
@@ -326,23 +386,37 @@ static void sb_printf(strbuf *b, const char *fmt, ...) {
   if (n > 0) sb_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
+/* Appends `s` percent-encoded (every byte outside '!'..'~', and '%'). */
+static void add_encoded(strbuf *b, const char *str) {
+  static const char hex[] = "0123456789ABCDEF";
+  for (const unsigned char *s = (const unsigned char *)str; *s; s++) {
+    if (*s > 0x20 && *s < 0x7f && *s != '%') {
+      sb_add(b, (const char *)s, 1);
+    } else {
+      char esc[3] = {'%', hex[*s >> 4], hex[*s & 15]};
+      sb_add(b, esc, 3);
+    }
+  }
+}
+
 int dynemb_manifest_format(const dynemb_manifest *m, char **text,
                            size_t *len) {
-  static const char hex[] = "0123456789ABCDEF";
   strbuf b = {0};
   sb_printf(&b, "%s%d\ngeneration %" PRIu64 "\n", k_magic,
-            DYNEMB_CKPT_FORMAT_VERSION, m->generation);
+            m->parent ? DYNEMB_CKPT_DELTA_VERSION : DYNEMB_CKPT_FORMAT_VERSION,
+            m->generation);
+  if (m->parent) {
+    sb_add(&b, "delta ", 6);
+    add_encoded(&b, m->parent);
+    sb_printf(&b, " %08" PRIx32 " ", m->parent_crc);
+    sb_add(&b, m->removed.file, strlen(m->removed.file));
+    sb_printf(&b, " %" PRIu64 " %08" PRIx32 "\n", m->removed.bytes,
+              m->removed.crc);
+  }
   for (size_t i = 0; i < m->n; i++) {
     const dynemb_manifest_entry *e = &m->entries[i];
     sb_add(&b, "table ", 6);
-    for (const unsigned char *s = (const unsigned char *)e->name; *s; s++) {
-      if (*s > 0x20 && *s < 0x7f && *s != '%') {
-        sb_add(&b, (const char *)s, 1);
-      } else {
-        char esc[3] = {'%', hex[*s >> 4], hex[*s & 15]};
-        sb_add(&b, esc, 3);
-      }
-    }
+    add_encoded(&b, e->name);
     sb_add(&b, " ", 1);
     sb_add(&b, e->file, strlen(e->file));
     sb_printf(&b, " %" PRIu64 " %08" PRIx32 "\n", e->bytes, e->crc);

@@ -1,6 +1,7 @@
 /*
  * evict.c -- feature eviction (rows and admission candidates not accessed
- * for eviction_threshold time units) and clear.
+ * for eviction_threshold time units), removal of given keys (what an
+ * incremental checkpoint records as gone since its base) and clear.
  *
  * Eviction scans each shard's index entries (16 bytes each, never the
  * rows) under that shard's write lock, one shard at a time, so lookups of
@@ -13,10 +14,14 @@
 #include <stdlib.h>
 
 #include "error.h"
+#include "hash.h"
 
 /* ------------------------------------------------------------------------ */
 /* Eviction and clear                                                        */
 /* ------------------------------------------------------------------------ */
+
+static void release_row(dynemb_table *t, dynemb_shard *sh,
+                        const dynemb_index_entry *e, uint64_t *on_host_removed);
 
 /* Removes entries older than the threshold. For rows (`sh` set: the
  * shard whose rows `ix` indexes), frees their row numbers in host memory or
@@ -31,13 +36,7 @@ static uint64_t evict_index(dynemb_table *t, dynemb_index *ix,
     dynemb_index_entry *e = ix->entries + i;
     if (e->loc != DYNEMB_LOC_EMPTY &&
         now - (int64_t)LOAD(&e->last_access) > threshold) {
-      if (sh && on_host(e->loc)) {
-        dynemb_arena_release(&sh->arena, DYNEMB_LOC_NUM(e->loc));
-        dynemb_tier_host_freed(sh, DYNEMB_LOC_NUM(e->loc));
-        (*on_host_removed)++;
-      } else if (sh) {
-        dynemb_ssd_release(&t->ssd, DYNEMB_LOC_NUM(e->loc));
-      }
+      if (sh) release_row(t, sh, e, on_host_removed);
       /* backward shift may move an unvisited entry into i: look again */
       dynemb_index_erase_at(ix, i);
       removed++;
@@ -74,6 +73,43 @@ int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
   if (cands) ADD(&t->n_evicted_cands, cands);
   if (evicted) *evicted = (size_t)rows;
   return DYNEMB_OK;
+}
+
+/* Frees the row (host memory or SSD record) of rows-index entry `e`. */
+static void release_row(dynemb_table *t, dynemb_shard *sh,
+                        const dynemb_index_entry *e, uint64_t *on_host_removed) {
+  if (on_host(e->loc)) {
+    dynemb_arena_release(&sh->arena, DYNEMB_LOC_NUM(e->loc));
+    dynemb_tier_host_freed(sh, DYNEMB_LOC_NUM(e->loc));
+    (*on_host_removed)++;
+  } else {
+    dynemb_ssd_release(&t->ssd, DYNEMB_LOC_NUM(e->loc));
+  }
+}
+
+void dynemb_table_remove_keys(dynemb_table *t, const int64_t *rows,
+                              size_t nrows, const int64_t *cands,
+                              size_t ncands) {
+  dynemb_table_lock_all(t, 1);
+  uint64_t host_removed = 0;
+  for (size_t i = 0; i < nrows; i++) {
+    uint64_t h = dynemb_hash_key(rows[i]);
+    dynemb_shard *sh = &t->shards[dynemb_table_shard_of(t, h)];
+    dynemb_index_entry *e = dynemb_index_find(&sh->rows, rows[i], h);
+    if (!e) continue;
+    release_row(t, sh, e, &host_removed);
+    dynemb_index_erase_at(&sh->rows, (uint64_t)(e - sh->rows.entries));
+    sh->gen++;
+  }
+  for (size_t i = 0; i < ncands; i++) {
+    uint64_t h = dynemb_hash_key(cands[i]);
+    dynemb_shard *sh = &t->shards[dynemb_table_shard_of(t, h)];
+    dynemb_index_entry *e = dynemb_index_find(&sh->cands, cands[i], h);
+    if (e) dynemb_index_erase_at(&sh->cands, (uint64_t)(e - sh->cands.entries));
+  }
+  if (host_removed && t->cfg.host_vocabulary_size)
+    ADD(&t->rows_total, (uint64_t)0 - host_removed);
+  dynemb_table_unlock_all(t);
 }
 
 void dynemb_table_clear(dynemb_table *t) {

@@ -93,6 +93,7 @@ struct dynemb_table {
   dynemb_slab_pool pool;      /* embedding chunk memory of every shard */
   dynemb_slab_pool slot_pool; /* optimizer slot chunk memory (if slots) */
   dynemb_ssd ssd;             /* the SSD tier (off unless configured) */
+  dynemb_delta_track *track;  /* incremental checkpoints (ckpt_delta.c) */
 
   /* Run-time settings and counters: relaxed __atomic accesses. */
   uint32_t access_threshold;
