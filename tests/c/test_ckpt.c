@@ -759,8 +759,9 @@ static void test_concurrent_saves(void) {
 static void test_fuzz_seeds_valid(void) {
   const char *seeds[] = {"tests/fuzz/seeds/table_adam.dtab",
                          "tests/fuzz/seeds/table_sgd_empty.dtab",
-                         "tests/fuzz/seeds/MANIFEST"};
-  for (int i = 0; i < 3; i++) {
+                         "tests/fuzz/seeds/MANIFEST",
+                         "tests/fuzz/seeds/MANIFEST.delta"};
+  for (int i = 0; i < 4; i++) {
     size_t n = 0;
     unsigned char *buf = read_bytes(seeds[i], &n);
     CHECK(buf != NULL);
@@ -773,8 +774,9 @@ static void test_fuzz_seeds_valid(void) {
     } else {
       dynemb_manifest m;
       rc = dynemb_manifest_parse((const char *)buf, n, seeds[i], &m);
-      if (!rc) {
-        CHECK(m.n == 2);
+      if (!rc) { /* a full checkpoint of 2 tables; a delta of 1 */
+        CHECK(i == 2 ? m.n == 2 && !m.parent
+                     : m.n == 1 && m.parent && !strcmp(m.parent, "../base"));
         dynemb_manifest_free(&m);
       }
     }

@@ -67,6 +67,12 @@ static void fuzz_manifest(const uint8_t *data, size_t size) {
   if (dynemb_manifest_format(&m, &text, &len)) abort();
   if (dynemb_manifest_parse(text, len, "fuzz", &m2)) abort();
   if (m.n != m2.n || m.generation != m2.generation) abort();
+  if (!m.parent != !m2.parent) abort();
+  if (m.parent && (strcmp(m.parent, m2.parent) || m.parent_crc != m2.parent_crc ||
+                   strcmp(m.removed.file, m2.removed.file) ||
+                   m.removed.bytes != m2.removed.bytes ||
+                   m.removed.crc != m2.removed.crc))
+    abort();
   for (size_t i = 0; i < m.n; i++) {
     const dynemb_manifest_entry *a = &m.entries[i], *b = &m2.entries[i];
     if (strcmp(a->name, b->name) || strcmp(a->file, b->file) ||
