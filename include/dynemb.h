@@ -535,6 +535,11 @@ DYNEMB_API int dynemb_checkpoint_save_incremental(const char *dir,
                                                   size_t n, int full,
                                                   int *delta);
 
+/* *base: the directory incremental checkpoint `dir` builds on (as a path
+ * from `dir`'s, malloc'ed; free() it), or NULL for a full checkpoint (what
+ * a cleanup of old checkpoints must keep). Errors: EIO, ECORRUPT, ENOMEM. */
+DYNEMB_API int dynemb_checkpoint_base(const char *dir, char **base);
+
 /* Loads table `name_in_ckpt` (NULL: the table's own name) from `dir` into
  * `t`, as dynemb_table_import with `flags`, shard_index and shard_count.
  * The whole file is verified before the table changes.

@@ -1110,6 +1110,26 @@ static int verify_at(const char *dir, int depth) {
   return rc;
 }
 
+int dynemb_checkpoint_base(const char *dir, char **base) {
+  dynemb_error_clear();
+  if (!base)
+    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint base: output pointer "
+                                           "is NULL");
+  *base = NULL;
+  ckpt_dir d;
+  int rc = dir_open(dir, &d);
+  if (rc) return rc;
+  if (d.m.parent) {
+    size_t n = strlen(dir) + strlen(d.m.parent) + 2;
+    *base = malloc(n);
+    if (!*base) rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", d.what);
+    else if (d.m.parent[0] == '/') snprintf(*base, n, "%s", d.m.parent);
+    else snprintf(*base, n, "%s/%s", dir, d.m.parent);
+  }
+  dir_close(&d);
+  return rc;
+}
+
 int dynemb_checkpoint_verify(const char *dir) {
   dynemb_error_clear();
   return verify_at(dir, 0);

@@ -164,6 +164,11 @@ _SIGS = {
     "dynemb_table_capacity": (ctypes.c_uint64, [_P]),
     "dynemb_checkpoint_save": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_P),
                                               ctypes.c_size_t]),
+    "dynemb_checkpoint_save_incremental": (ctypes.c_int, [
+        ctypes.c_char_p, ctypes.POINTER(_P), ctypes.c_size_t, ctypes.c_int,
+        ctypes.POINTER(ctypes.c_int)]),
+    "dynemb_checkpoint_base": (ctypes.c_int, [ctypes.c_char_p,
+                                              ctypes.POINTER(ctypes.c_void_p)]),
     "dynemb_checkpoint_load": (ctypes.c_int, [ctypes.c_char_p, _P, ctypes.c_char_p,
                                               ctypes.c_uint, ctypes.c_uint32, ctypes.c_uint32]),
 }

@@ -50,6 +50,9 @@ REPLICATED_TABLES: set = set()
 # The sparse directory of the latest Saver checkpoint written in this process
 # (mxRec's saver.sparse.export reads "the checkpoint saved for the current step").
 LAST_SAVED_SPARSE_DIR: list = []
+# Tables saved incrementally in this process: their full saves go through the
+# engine's incremental save too, so that the next delta builds on the latest.
+INCREMENTAL_TABLES: set = set()
 
 
 def release_handles() -> None:
@@ -68,6 +71,7 @@ def drop_all_tables() -> None:
         states.clear()
     TABLE_OF_SPEC.clear()
     LAST_SAVED_SPARSE_DIR.clear()
+    INCREMENTAL_TABLES.clear()
 
 
 class GraphState:

@@ -119,22 +119,40 @@ def _handles(names: list[str], what: str) -> Iterator[list[ctypes.c_void_p]]:
             "it with create_table() first" % (what, name)))) for name in names]
 
 
-def save_tables(path: str, tables: Optional[Iterable[Any]] = None) -> list[str]:
+def save_tables(path: str, tables: Optional[Iterable[Any]] = None,
+                incremental: bool = False) -> list[str]:
     """Saves `tables` (table objects or names; default: every table of this
     process) into checkpoint directory `path` (created if missing; tables it
     already holds and that are not saved again are kept). Returns the names
     saved. Raises DynembError naming the table and the cause. On several
     ranks every rank calls it: each writes its part, and it returns once
-    all have (an error on one rank is raised on every rank)."""
+    all have (an error on one rank is raised on every rank).
+
+    incremental=True: `path` (a new directory) gets only what changed since
+    the previous save of these tables (rows and candidates changed or new,
+    and the keys evicted), building on that save's directory, which must be
+    kept; the first incremental save of a table is a full one. A full save
+    of a table saved incrementally before starts a new chain. Restoring a
+    delta follows its chain (restore_tables, Saver.restore, warm start)."""
     names = _names(tables)
     size = _state.get_rank_size()
     target = part_dir(path, _state.get_rank_id(), size) if size > 1 else path
     error = None
+    tracked = incremental or any(n in _state.INCREMENTAL_TABLES for n in names)
     try:
         with _handles(names, "save_tables") as hs:
             arr = (ctypes.c_void_p * max(len(hs), 1))(*[h.value for h in hs])
-            _lib.check(_lib.clib.dynemb_checkpoint_save(str(target).encode(), arr, len(hs)),
-                       "save_tables('%s')" % path)
+            if tracked:
+                delta = ctypes.c_int()
+                _lib.check(_lib.clib.dynemb_checkpoint_save_incremental(
+                    str(target).encode(), arr, len(hs), 0 if incremental else 1,
+                    ctypes.byref(delta)), "save_tables('%s', incremental=%s)"
+                    % (path, incremental))
+                _state.INCREMENTAL_TABLES.update(names)
+            else:
+                _lib.check(_lib.clib.dynemb_checkpoint_save(str(target).encode(), arr,
+                                                            len(hs)),
+                           "save_tables('%s')" % path)
     except Exception as e:  # pylint: disable=broad-except
         if size == 1:
             raise
@@ -142,6 +160,47 @@ def save_tables(path: str, tables: Optional[Iterable[Any]] = None) -> list[str]:
     if size > 1:
         _all_ranks_ok(_state.CHECKPOINT_CHANNEL, error, "save_tables('%s')" % path)
     return names
+
+
+def checkpoint_base(path: str) -> Optional[str]:
+    """The directory that incremental checkpoint directory `path` builds on
+    (None for a full checkpoint)."""
+    out = ctypes.c_void_p()
+    _lib.check(_lib.clib.dynemb_checkpoint_base(str(path).encode(), ctypes.byref(out)),
+               "checkpoint '%s'" % path)
+    if not out.value:
+        return None
+    try:
+        return os.path.normpath(ctypes.string_at(out.value).decode())
+    finally:
+        _LIBC.free(out)
+
+
+_LIBC = ctypes.CDLL(None)
+_LIBC.free.argtypes = [ctypes.c_void_p]
+
+
+def chain_dirs(sparse: str) -> set:
+    """The sparse directories that Saver checkpoint directory `sparse` (all
+    its rank parts) needs: itself and those its incremental parts build
+    on, down to full checkpoints."""
+    out, todo = set(), [os.path.normpath(sparse)]
+    while todo:
+        d = todo.pop()
+        if d in out or not os.path.isdir(d):
+            continue
+        out.add(d)
+        try:
+            parts = checkpoint_parts(d)
+        except ValueError:
+            continue
+        for part in parts:
+            base = checkpoint_base(part) if os.path.isfile(
+                os.path.join(part, "MANIFEST")) else None
+            if base:
+                todo.append(os.path.dirname(base) if _PART.match(os.path.basename(base))
+                            else base)
+    return out
 
 
 def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
@@ -196,8 +255,9 @@ def _checkpoint_path(saver: Any, sess: Any, save_path: str, global_step: Any) ->
 
 def _prune(saver: Any, save_path: str) -> None:
     """Removes this Saver's sparse directories (and earlier versions'
-    <prefix>.dynemb ones) whose checkpoint its max_to_keep has deleted."""
-    keep = {os.path.normpath(sparse_dir(p)) for p in saver.last_checkpoints} | \
+    <prefix>.dynemb ones) whose checkpoint its max_to_keep has deleted,
+    but never one that a kept incremental checkpoint builds on."""
+    keep = set().union(*[chain_dirs(sparse_dir(p)) for p in saver.last_checkpoints]) | \
         {os.path.normpath(p + LEGACY_SUFFIX) for p in saver.last_checkpoints}
     d, base = os.path.split(os.path.normpath(save_path))
     d = d or "."
@@ -233,13 +293,25 @@ _orig_save = tf.compat.v1.train.Saver.save
 _orig_restore = tf.compat.v1.train.Saver.restore
 
 
-def _save(self, sess, save_path, global_step=None, *args, **kwargs):
+def _save(self, sess, save_path, global_step=None, *args, is_incremental_checkpoint=False,
+          save_delta=False, **kwargs):
+    """mxRec's keywords: save_delta=True writes the tables' rows changed
+    since the previous save (a delta that builds on that save's sparse
+    directory, which pruning keeps); is_incremental_checkpoint=True makes a
+    full save that the next delta builds on."""
     graph = getattr(sess, "graph", None)  # (any session-like object)
     names = _saved_tables(graph) if graph is not None else []
     if not names or getattr(_NOT_SAVED, "on", False):
         return _orig_save(self, sess, save_path, global_step, *args, **kwargs)
     path = _checkpoint_path(self, sess, save_path, global_step)
-    save_tables(sparse_dir(path), names)  # first: a listed checkpoint has its rows
+    if save_delta or is_incremental_checkpoint:
+        # (a delta saved again under the same step replaces its directory)
+        if save_delta and os.path.isdir(sparse_dir(path)):
+            shutil.rmtree(sparse_dir(path))
+        _state.INCREMENTAL_TABLES.update(names)  # (a full save is tracked too)
+        save_tables(sparse_dir(path), names, incremental=bool(save_delta))
+    else:
+        save_tables(sparse_dir(path), names)  # first: a listed checkpoint has its rows
     if _state.get_rank_size() > 1:
         return _save_dense_once(self, sess, save_path, global_step, path, *args, **kwargs)
     out = _orig_save(self, sess, save_path, global_step, *args, **kwargs)

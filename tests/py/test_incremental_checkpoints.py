@@ -1,0 +1,119 @@
+"""Incremental checkpoints from Python: save_tables(..., incremental=True)
+and mxRec's Saver.save(..., save_delta=True). The reference is the whole
+table as the engine exports it (DynembExport: keys, rows with optimizer
+state, last access, admission candidates and their counts, the step count)
+at the moment of each save; each link of a chain, restored, must equal it,
+with admission and eviction between saves. Pruning by max_to_keep keeps
+the directories a kept delta builds on."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dynemb
+from dynemb.optimizers import adagrad
+
+FIELDS = ("keys", "values", "last_access", "cand_keys", "cand_counts", "cand_last_access",
+          "apply_steps")
+
+
+def _state_of(name):
+    """Everything the table holds, sorted by key."""
+    from dynemb import _lib
+    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+        out = dict(zip(("meta",) + FIELDS, s.run(list(_lib.ops.dynemb_export(
+            table_name=name)))))
+    r, c = np.argsort(out["keys"]), np.argsort(out["cand_keys"])
+    return {k: (v[r] if k in ("keys", "values", "last_access") else
+                v[c] if k.startswith("cand") else v) for k, v in out.items() if k != "meta"}
+
+
+def _same(a, b):
+    for k in FIELDS:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _model():
+    opt = adagrad.create_hash_optimizer(0.2)
+    t = dynemb.create_table(tf.int64, 3, "inc", tf.compat.v1.random_uniform_initializer(
+        -1, 1, seed=4), optimizer_list=[opt])
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    gs = tf.compat.v1.train.get_or_create_global_step()  # the eviction clock
+    rows = dynemb.sparse_lookup(t, ids, access_and_evict_config={
+        "access_threshold": 2, "eviction_threshold": 3})
+    train = opt.minimize(tf.reduce_sum(rows ** 2), global_step=gs)
+    evict = dynemb.EvictHook(evict_enable=True, evict_time_interval=None,
+                             evict_step_interval=10**9)
+    evict.begin()  # (its ops; evict.evict(sess) evicts now)
+    return t, ids, train, evict
+
+
+def _steps(sess, ids, train, rng, n, space=300):
+    for _ in range(n):
+        sess.run(train, {ids: rng.integers(0, space, 40)})
+
+
+def test_save_tables_chain_restores_every_link(tmp_path):
+    t, ids, train, evict = _model()
+    rng = np.random.default_rng(3)
+    states, dirs = [], []
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        for i in range(5):
+            _steps(s, ids, train, rng, 4)
+            if i == 2:  # eviction between two saves
+                assert evict.evict(s) > 0
+            d = str(tmp_path / ("ckpt-%d" % i))
+            dynemb.save_tables(d, [t], incremental=True)
+            dirs.append(d)
+            states.append(_state_of("inc"))
+    # a full save, then deltas, each building on the one before (what a
+    # delta holds against a full save's size: tests/c/test_ckpt_delta.c)
+    from dynemb.core.checkpoint import checkpoint_base
+    assert [checkpoint_base(d) for d in dirs] == [None] + dirs[:-1]
+    for d, want in reversed(list(zip(dirs, states))):
+        dynemb.restore_tables(d, [t])
+        _same(_state_of("inc"), want)
+    # a full save of a table saved incrementally starts a new chain
+    dynemb.save_tables(str(tmp_path / "full"), [t])
+    dynemb.save_tables(str(tmp_path / "after-full"), [t], incremental=True)
+    import shutil
+    shutil.rmtree(dirs[0])  # the first chain's base: its deltas no longer load ...
+    with pytest.raises(dynemb.DynembError, match="builds on .*ckpt-0"):
+        dynemb.restore_tables(dirs[-1], [t])
+    now = _state_of("inc")
+    dynemb.restore_tables(str(tmp_path / "after-full"), [t])  # ... the new chain does
+    _same(_state_of("inc"), now)
+
+
+def test_saver_save_delta_and_pruning_keep_the_chain(tmp_path):
+    t, ids, train, evict = _model()
+    saver = tf.compat.v1.train.Saver(max_to_keep=2)
+    prefix = str(tmp_path / "model")
+    rng = np.random.default_rng(9)
+    states = {}
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        for step in range(1, 6):
+            _steps(s, ids, train, rng, 3)
+            if step == 3:
+                assert evict.evict(s) > 0
+            # a full save at step 1 (that deltas build on), deltas after it
+            saver.save(s, prefix, global_step=step, is_incremental_checkpoint=step == 1,
+                       save_delta=step > 1)
+            states[step] = _state_of("inc")
+        kept = sorted(os.listdir(tmp_path))
+        # max_to_keep=2: the TF files of steps 4 and 5; the sparse directories
+        # of every step, since step 5's delta builds on 4's, 4's on 3's, ...
+        assert [f for f in kept if f.startswith("sparse-")] == [
+            "sparse-model-%d" % i for i in range(1, 6)]
+        assert not [f for f in kept if f.startswith("model-1.")]
+        for step in (5, 4):
+            saver.restore(s, "%s-%d" % (prefix, step))
+            _same(_state_of("inc"), states[step])
+        # a full save again: the next Saver prune drops the old chain
+        saver.save(s, prefix, global_step=6)
+        saver.save(s, prefix, global_step=7)
+        kept = sorted(f for f in os.listdir(tmp_path) if f.startswith("sparse-"))
+        assert kept == ["sparse-model-6", "sparse-model-7"]
