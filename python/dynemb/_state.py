@@ -248,8 +248,28 @@ _KNOWN = {
     "max_steps": -1, "prefetch_batch_number": 1, "use_dynamic": True,
     "use_hot": True, "use_dynamic_expansion": False, "if_load": False,
     "rank_id": 0, "rank_size": 1, "seed": None, "bind_cpu": True,
-    "use_lccl": False,
+    "use_lccl": False, "is_incremental_checkpoint": False,
+    "save_checkpoint_due_time": None, "save_delta_checkpoints_secs": None,
 }
+
+
+def _check_incremental(cfg: dict) -> None:
+    """init's incremental-checkpoint switches: with is_incremental_checkpoint,
+    both intervals (seconds, 1 .. 2^31-1) are needed."""
+    for key in ("save_checkpoint_due_time", "save_delta_checkpoints_secs"):
+        v = cfg[key]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or
+                              not 1 <= v <= 2**31 - 1):
+            raise ValueError("init(%s=%r): pass a number of seconds in [1, 2^31-1]"
+                             % (key, v))
+    if not isinstance(cfg["is_incremental_checkpoint"], bool):
+        raise TypeError("init(is_incremental_checkpoint=%r): pass True or False"
+                        % (cfg["is_incremental_checkpoint"],))
+    if cfg["is_incremental_checkpoint"] and (cfg["save_checkpoint_due_time"] is None or
+                                             cfg["save_delta_checkpoints_secs"] is None):
+        raise ValueError("init(is_incremental_checkpoint=True) needs "
+                         "save_checkpoint_due_time (seconds between full saves) and "
+                         "save_delta_checkpoints_secs (seconds between incremental saves)")
 
 
 class _HostPipelineOps:
@@ -364,6 +384,7 @@ class ConfigInitializer:
                            "for mxRec compatibility)", unknown)
         self.config.update(kwargs)
         _check_given_ranks(self.config["rank_id"], self.config["rank_size"])
+        _check_incremental(self.config)
         self.host_pipeline_ops = _HostPipelineOps()
         self.train_params_config = TrainParamsConfig(self)
         self.terminate_hooks: list[Callable[[], None]] = []
@@ -402,6 +423,20 @@ class ConfigInitializer:
     def use_static(self) -> bool:
         """Static-shape mode: not use_dynamic (send_count is then a capacity)."""
         return not self.use_dynamic
+
+    @property
+    def is_incremental_checkpoint(self) -> bool:
+        """init(is_incremental_checkpoint=...): CheckpointSaverHook saves the
+        tables incrementally (dynemb.core.checkpoint)."""
+        return bool(self.config["is_incremental_checkpoint"])
+
+    @property
+    def save_checkpoint_due_time(self) -> Optional[int]:
+        return self.config["save_checkpoint_due_time"]
+
+    @property
+    def save_delta_checkpoints_secs(self) -> Optional[int]:
+        return self.config["save_delta_checkpoints_secs"]
 
 
 def init(**kwargs: Any) -> None:

@@ -117,3 +117,48 @@ def test_saver_save_delta_and_pruning_keep_the_chain(tmp_path):
         saver.save(s, prefix, global_step=7)
         kept = sorted(f for f in os.listdir(tmp_path) if f.startswith("sparse-"))
         assert kept == ["sparse-model-6", "sparse-model-7"]
+
+
+def test_init_switches_schedule_the_hook_saves(tmp_path, monkeypatch):
+    """init(is_incremental_checkpoint=True, save_checkpoint_due_time=100,
+    save_delta_checkpoints_secs=10): CheckpointSaverHook saves a full
+    checkpoint first and every 100 s, a delta every 10 s between; every
+    saved step restores to the table as it was."""
+    with pytest.raises(ValueError, match="needs save_checkpoint_due_time"):
+        dynemb.init(is_incremental_checkpoint=True)
+    dynemb.init(is_incremental_checkpoint=True, save_checkpoint_due_time=100,
+                save_delta_checkpoints_secs=10)
+    import time
+    clock = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    t, ids, train, _ = _model()
+    hook = tf.compat.v1.train.CheckpointSaverHook(str(tmp_path), save_steps=1)
+    rng = np.random.default_rng(2)
+    states = {}
+    gs = tf.compat.v1.train.get_global_step()
+    with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as s:
+        for _ in range(30):
+            clock[0] += 4
+            step = s.run(gs)
+            s.run(train, {ids: rng.integers(0, 300, 40)})
+            states[step + 1] = _state_of("inc")
+    monkeypatch.undo()
+    from dynemb.core.checkpoint import checkpoint_base
+    sparse = sorted((int(f.rsplit("-", 1)[1]), f) for f in os.listdir(tmp_path)
+                    if f.startswith("sparse-"))
+    kinds = {step: checkpoint_base(str(tmp_path / f)) is None for step, f in sparse}
+    full = [s_ for s_, is_full in kinds.items() if is_full]
+    deltas = [s_ for s_, is_full in kinds.items() if not is_full]
+    # full saves at the start, after 100 s (25 steps) and at the end; a delta
+    # every 10 s (2-3 steps) between
+    assert full[0] == 0 and any(23 <= f <= 26 for f in full) and 30 in full, kinds
+    assert len(deltas) >= 8 and all(d - p <= 3 for p, d in zip(sorted(kinds), sorted(kinds)[1:]))
+    # the latest delta through the Saver; the first one (whose TF files
+    # max_to_keep removed; its sparse directory stays: the kept step 20
+    # builds on it) through restore_tables
+    with tf.compat.v1.Session() as s:
+        tf.compat.v1.train.Saver().restore(s, str(tmp_path / ("model.ckpt-%d" % deltas[-1])))
+        _same(_state_of("inc"), states[deltas[-1]])
+    assert not os.path.exists(tmp_path / ("model.ckpt-%d.index" % deltas[0]))
+    dynemb.restore_tables(str(tmp_path / ("sparse-model.ckpt-%d" % deltas[0])), [t])
+    _same(_state_of("inc"), states[deltas[0]])

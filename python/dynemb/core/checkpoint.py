@@ -293,6 +293,9 @@ _orig_save = tf.compat.v1.train.Saver.save
 _orig_restore = tf.compat.v1.train.Saver.restore
 
 
+_HOOK_DELTA = threading.local()  # set while CheckpointSaverHook saves a delta
+
+
 def _save(self, sess, save_path, global_step=None, *args, is_incremental_checkpoint=False,
           save_delta=False, **kwargs):
     """mxRec's keywords: save_delta=True writes the tables' rows changed
@@ -304,6 +307,9 @@ def _save(self, sess, save_path, global_step=None, *args, is_incremental_checkpo
     if not names or getattr(_NOT_SAVED, "on", False):
         return _orig_save(self, sess, save_path, global_step, *args, **kwargs)
     path = _checkpoint_path(self, sess, save_path, global_step)
+    hook = getattr(_HOOK_DELTA, "kind", None)  # "full" / "delta" of the hook's schedule
+    save_delta = save_delta or hook == "delta"
+    is_incremental_checkpoint = is_incremental_checkpoint or hook is not None
     if save_delta or is_incremental_checkpoint:
         # (a delta saved again under the same step replaces its directory)
         if save_delta and os.path.isdir(sparse_dir(path)):
@@ -483,8 +489,80 @@ def _restore(self, sess, save_path):
     return out
 
 
+# --------------------------------------------------------------------------
+# init(is_incremental_checkpoint=True): CheckpointSaverHook's schedule
+# --------------------------------------------------------------------------
+
+_orig_hook_after_run = tf.compat.v1.train.CheckpointSaverHook.after_run
+_orig_hook_save = tf.compat.v1.train.CheckpointSaverHook._save  # pylint: disable=protected-access
+
+
+def _incremental_config() -> Optional[tuple]:
+    inst = _state.ConfigInitializer._instance  # pylint: disable=protected-access
+    if inst is None or not inst.is_incremental_checkpoint:
+        return None
+    return inst.save_checkpoint_due_time, inst.save_delta_checkpoints_secs
+
+
+def _due(hook: Any, now: float) -> Optional[str]:
+    """What the hook's schedule asks for now: a full save every
+    save_checkpoint_due_time seconds, a delta every
+    save_delta_checkpoints_secs (the first save is a full one). On several
+    ranks rank 0's clock decides for all (the saves are collective)."""
+    full_s, delta_s = _incremental_config()
+    last_full = getattr(hook, "_dynemb_last_full", None)
+    last_any = getattr(hook, "_dynemb_last_save", None)
+    kind = "full" if last_full is None or now - last_full >= full_s else \
+        "delta" if now - last_any >= delta_s else None
+    if _state.get_rank_size() > 1:
+        said = _state._world().allgather(  # pylint: disable=protected-access
+            _state.CHECKPOINT_CHANNEL, (kind or "").encode())
+        kind = said[0].decode() or None
+    return kind
+
+
+def _hook_after_run(self, run_context, run_values):
+    if _incremental_config() is None:
+        return _orig_hook_after_run(self, run_context, run_values)
+    import time
+    now = time.time()
+    kind = _due(self, now)
+    if kind is None:
+        return None
+    step = run_context.session.run(self._global_step_tensor)  # pylint: disable=protected-access
+    self._timer.update_last_triggered_step(step)  # pylint: disable=protected-access
+    self._dynemb_last_save = now
+    if kind == "full":
+        self._dynemb_last_full = now
+    _HOOK_DELTA.kind = kind
+    try:
+        if self._save(run_context.session, step):  # pylint: disable=protected-access
+            run_context.request_stop()
+    finally:
+        _HOOK_DELTA.kind = None
+    return None
+
+
+def _hook_save(self, session, step):
+    """The hook's first and last saves (after_create_session, end) are full
+    ones in incremental mode, and start or end the schedule."""
+    if _incremental_config() is not None and getattr(_HOOK_DELTA, "kind", None) is None:
+        import time
+        self._dynemb_last_full = self._dynemb_last_save = time.time()
+        _HOOK_DELTA.kind = "full"
+        try:
+            return _orig_hook_save(self, session, step)
+        finally:
+            _HOOK_DELTA.kind = None
+    return _orig_hook_save(self, session, step)
+
+
 def patch_saver() -> None:
     """Installs dynemb's table handling in tf.compat.v1.train.Saver
-    (idempotent; a Saver of a graph without tables is unchanged)."""
+    (idempotent; a Saver of a graph without tables is unchanged), and the
+    schedule of init(is_incremental_checkpoint=True) in CheckpointSaverHook
+    (without it the hook is unchanged)."""
     tf.compat.v1.train.Saver.save = _save
     tf.compat.v1.train.Saver.restore = _restore
+    tf.compat.v1.train.CheckpointSaverHook.after_run = _hook_after_run
+    tf.compat.v1.train.CheckpointSaverHook._save = _hook_save  # pylint: disable=protected-access
