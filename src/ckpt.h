@@ -1,14 +1,18 @@
 /*
  * ckpt.h -- internal interfaces of the checkpoint code.
  *
- * Checkpoints are split by concern over four files:
+ * Checkpoints are split by concern over five files:
  *   ckpt_io.c        POSIX file I/O (full writes, reads, fsync) and the
  *                    test-only crash injection that the writers go through;
  *   ckpt_format.c    the per-table binary file (header, checksummed
  *                    sections), streamed in blocks, readable from a file or
  *                    from memory (the fuzz target);
  *   ckpt_manifest.c  the MANIFEST text file (table name -> file, size, CRC);
- *   ckpt.c           the directory: atomic save, load, inspect, verify.
+ *   ckpt.c           the directory: atomic save, load, inspect, verify,
+ *                    and following a chain of incremental checkpoints;
+ *   ckpt_delta.c     incremental saves: what changed since the last one
+ *                    (fingerprints), the removed-keys file, a chain merged
+ *                    in memory.
  * The byte layout is documented in docs/checkpoint-format.md.
  */
 #ifndef DYNEMB_CKPT_H
