@@ -10,6 +10,7 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cmds.h"
@@ -90,9 +91,14 @@ static int cmd_inspect(const char *dir, int json) {
     fprintf(stderr, "dynemb ckpt inspect: %s\n", dynemb_last_error());
     return 1;
   }
+  char *base = NULL;
+  if (dynemb_checkpoint_base(dir, &base) != DYNEMB_OK) base = NULL;
   if (json) {
     printf("{\"dir\": ");
     print_json_string(dir);
+    printf(", \"builds_on\": ");
+    if (base) print_json_string(base);
+    else printf("null");
     printf(", \"tables\": [");
     for (size_t i = 0; i < n; i++) {
       printf("%s\n  {\"name\": ", i ? "," : "");
@@ -110,6 +116,9 @@ static int cmd_inspect(const char *dir, int json) {
     printf("%s]}\n", n ? "\n" : "");
   } else {
     printf("checkpoint %s: %zu table%s\n", dir, n, n == 1 ? "" : "s");
+    if (base)
+      printf("incremental: the rows changed since %s (loads follow that "
+             "chain)\n", base);
     /* The name goes last: it may be long or hold any character. */
     if (n)
       printf("%12s %12s %6s %-9s %6s %12s %14s  %-20s %s\n", "rows",
@@ -126,6 +135,7 @@ static int cmd_inspect(const char *dir, int json) {
     }
   }
   dynemb_ckpt_entries_free(e, n);
+  free(base);
   return 0;
 }
 

@@ -162,3 +162,34 @@ def test_init_switches_schedule_the_hook_saves(tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / ("model.ckpt-%d.index" % deltas[0]))
     dynemb.restore_tables(str(tmp_path / ("sparse-model.ckpt-%d" % deltas[0])), [t])
     _same(_state_of("inc"), states[deltas[0]])
+
+
+def test_command_line_tool_follows_the_chain(tmp_path):
+    """`dynemb ckpt inspect` names what a delta builds on; `verify` checks
+    the whole chain; `export` writes the rows the chain adds up to."""
+    import json
+    import subprocess
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "build", "dynemb")
+    t, ids, train, _ = _model()
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        _steps(s, ids, train, np.random.default_rng(1), 3)
+        dynemb.save_tables(str(tmp_path / "a"), [t], incremental=True)
+        _steps(s, ids, train, np.random.default_rng(2), 3)
+        dynemb.save_tables(str(tmp_path / "b"), [t], incremental=True)
+    want = _state_of("inc")
+    out = json.loads(subprocess.run([tool, "ckpt", "inspect", "--json", str(tmp_path / "b")],
+                                    capture_output=True, text=True, check=True).stdout)
+    assert os.path.normpath(out["builds_on"]) == str(tmp_path / "a")
+    assert subprocess.run([tool, "ckpt", "verify", str(tmp_path / "b")]).returncode == 0
+    r = subprocess.run([tool, "ckpt", "export", str(tmp_path / "b"), str(tmp_path / "npy")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "npy" / "inc" / "keys.npy"), want["keys"])
+    np.testing.assert_array_equal(np.load(tmp_path / "npy" / "inc" / "embeddings.npy"),
+                                  want["values"][:, :3])
+    import shutil
+    shutil.rmtree(tmp_path / "a")
+    r = subprocess.run([tool, "ckpt", "verify", str(tmp_path / "b")], capture_output=True,
+                       text=True)
+    assert r.returncode != 0 and "builds on" in r.stderr
