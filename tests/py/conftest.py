@@ -37,9 +37,10 @@ def pytest_configure(config):
         "markers", "estimator: needs tf.estimator (TensorFlow <= 2.15); "
         "skipped on TensorFlow >= 2.16, where it was removed")
     config.addinivalue_line(
-        "markers", "pinned_only: a multi-rank test run on the pinned TensorFlow only; "
-        "on the compatibility run the 2-rank parity test checks the same op "
-        "libraries (the rest tests Python and the engine, the same on every version)")
+        "markers", "pinned_only(reason=...): a test run on the pinned TensorFlow only "
+        "(suite time), where what it checks does not depend on the TensorFlow version; "
+        "default reason: a multi-rank test (on the compatibility run the 2-rank parity "
+        "test checks the same op libraries; the rest tests Python and the engine)")
 
 
 def _runtime_line() -> str:
@@ -73,11 +74,12 @@ def _uses_estimator(item) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     if ESTIMATOR_REMOVED:  # (the compatibility run: TensorFlow >= 2.16)
-        once = pytest.mark.skip(reason="multi-rank test: runs on the pinned TensorFlow "
-                                "(the compatibility run keeps the 2-rank parity test)")
         for item in items:
-            if item.get_closest_marker("pinned_only") is not None:
-                item.add_marker(once)
+            mark = item.get_closest_marker("pinned_only")
+            if mark is not None:
+                item.add_marker(pytest.mark.skip(reason=mark.kwargs.get("reason") or (
+                    "multi-rank test: runs on the pinned TensorFlow (the compatibility "
+                    "run keeps the 2-rank parity test)")))
     # Only where TensorFlow itself no longer has Estimator: on 2.15 a missing
     # tf.estimator must fail, not be skipped.
     if not ESTIMATOR_REMOVED:

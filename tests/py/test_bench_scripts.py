@@ -13,6 +13,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# What the bench programs print does not depend on the TensorFlow version.
+pytestmark = pytest.mark.pinned_only(reason="bench programs: run on the pinned TensorFlow "
+                                     "only (suite time)")
+
 
 def _last_json(*args: str) -> dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

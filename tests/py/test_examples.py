@@ -65,11 +65,11 @@ def _other_tensorflow():
     return None
 
 
-def _serve_check(model, probs):
+def _serve_check(model, probs, other=True):
     """serve_check.py's findings in a fresh process without dynemb, on this
-    TensorFlow and on the other one of `make test`."""
+    TensorFlow and (other) on the other one of `make test`."""
     out = []
-    for py in filter(None, (sys.executable, _other_tensorflow())):
+    for py in filter(None, (sys.executable, other and _other_tensorflow())):
         r = subprocess.run([py, os.path.join(ROOT, "tests", "py", "serve_check.py"), model,
                             "--criteo", DATA, "--predictions", probs],
                            capture_output=True, text=True, timeout=300,
@@ -79,15 +79,17 @@ def _serve_check(model, probs):
     return out
 
 
-def _check_served(model, probs):
-    for found in _serve_check(model, probs):
+def _check_served(model, probs, other=True, cli=True):
+    for found in _serve_check(model, probs, other):
         assert found["unknown"] == [], found  # every op is stock TensorFlow's
         assert not [o for o in found["ops"] if o.startswith("Dynemb") or o == "PyFunc"]
         assert found["rows"] == 2000
         # the eval predictions of the training process, through both loaders
         assert found["max_diff_tf1"] <= 1e-6 and found["max_diff_tf2"] <= 1e-6, found
-    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
-    r = subprocess.run([cli, "show", "--dir", model, "--all"], capture_output=True, text=True,
+    if not cli:
+        return
+    tool = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    r = subprocess.run([tool, "show", "--dir", model, "--all"], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and "serving_default" in r.stdout and "C26" in r.stdout, r.stderr
 
@@ -127,9 +129,13 @@ def test_demo_model_serves_in_stock_tensorflow(served):
     # admission threshold (both read the default value)
     d, out = served
     assert "SavedModel for serving written to" in out
-    _check_served(str(d / "model"), str(d / "probs.npy"))
-    never, once = _heldout_ids_by_sightings()
-    assert never > 1000 and once > 1000, (never, once)
+    # (the pinned run also loads its export in the other TensorFlow; the
+    # data's counts are the same on every TensorFlow)
+    pinned = tuple(int(x) for x in tf.__version__.split(".")[:2]) < (2, 16)
+    _check_served(str(d / "model"), str(d / "probs.npy"), other=pinned)
+    if pinned:
+        never, once = _heldout_ids_by_sightings()
+        assert never > 1000 and once > 1000, (never, once)
 
 
 @pytest.mark.estimator
@@ -141,9 +147,13 @@ def test_estimator_model_serves_in_stock_tensorflow(tmp_path):
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     (model,) = os.listdir(tmp_path / "export")  # Estimator's <timestamp> directory
-    _check_served(str(tmp_path / "export" / model), str(tmp_path / "probs.npy"))
+    # (TensorFlow 2.19 loading it and saved_model_cli: the demo's test)
+    _check_served(str(tmp_path / "export" / model), str(tmp_path / "probs.npy"), other=False,
+                  cli=False)
 
 
+@pytest.mark.pinned_only(reason="the SSD tier is the engine's, the same on every TensorFlow "
+                         "(suite time)")
 def test_demo_over_the_ssd_tier_gives_the_same_auc(tmp_path, plain):
     # the demo's --ssd-dir: 100 rows per table in memory, the rest on disk;
     # loss, AUC and logloss must be those of the memory-only run, digit for digit
