@@ -21,7 +21,8 @@
 #   make demo       venv + build + the Criteo training demo (RANKS=2: on
 #                   two ranks under mpirun)
 #   make bench      engine benchmark (JSON); bench-ssd, bench-step, bench-tf,
-#                   bench-ranks, bench-serving and probe-limit: the other benchmarks, each building what
+#                   bench-ranks, bench-serving, bench-incremental and probe-limit: the other
+#                   benchmarks, each building what
 #                   it needs (BENCHMARKS.md); `make all` builds none of them
 
 CC       ?= cc
@@ -341,6 +342,11 @@ $(EXCHANGE_BENCH): bench/exchange_bench.c comm/exchange.c comm/dynemb_comm.h
 bench-serving: all install-py
 	$(VPY) bench/serving.py --json
 .PHONY: bench-serving
+
+# Incremental checkpoints against full ones (docs/checkpoint-format.md).
+bench-incremental: all install-py
+	$(VPY) bench/incremental.py --json
+.PHONY: bench-incremental
 
 bench-ranks: all install-py $(EXCHANGE_BENCH)
 	$(VPY) bench/ranks.py --ranks $(if $(filter-out 1,$(RANKS)),$(RANKS),2) --json

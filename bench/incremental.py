@@ -9,7 +9,10 @@ the delta is restored (its chain: the full save, then the delta) against
 restoring a full save of the same moment.
 
 Reported (the last stdout line is one JSON object with --json):
-  full_s, full_bytes        the first (full) save
+  plain_full_s              a full save that no delta builds on (the baseline)
+  full_s, full_bytes        the first incremental save (a full one, whose
+                            rows are also fingerprinted for the next delta),
+  tracked_over_plain_full_s and its time against the baseline
   delta_s, delta_bytes      the delta after changing --changed of the rows
   delta_over_full_bytes     their ratio (the rows changed are changed / rows)
   delta_over_full_s         the delta's time against the full save's: a delta
@@ -69,8 +72,13 @@ def main(argv=None) -> int:
             for i in range(0, args.rows, 1 << 20):
                 s.run(fill, {ids: keys[i:i + (1 << 20)]})
             t0 = time.perf_counter()
+            dynemb.save_tables(os.path.join(work, "plain"), [t])
+            out["plain_full_s"] = time.perf_counter() - t0
+            shutil.rmtree(os.path.join(work, "plain"))
+            t0 = time.perf_counter()
             dynemb.save_tables(os.path.join(work, "full"), [t], incremental=True)
             out["full_s"] = time.perf_counter() - t0
+            out["tracked_over_plain_full_s"] = out["full_s"] / out["plain_full_s"]
             out["full_bytes"] = du(os.path.join(work, "full"))
             n = int(args.rows * args.changed)
             changed = np.random.default_rng(1).choice(keys, n, replace=False)

@@ -68,14 +68,25 @@ static inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+/* One multiply and shift per 8 bytes, a full mix at the end: the chain
+ * depends on every bit and on the order (measured: the full mix per 4
+ * bytes made a tracked save of 10M x 32 floats 1.49x a plain one). */
 static uint64_t fp_words(const void *p, size_t words, uint64_t h) {
   const unsigned char *b = p;
-  for (size_t i = 0; i < words; i++) {
+  size_t i = 0;
+  for (; i + 2 <= words; i += 2) {
+    uint64_t w;
+    memcpy(&w, b + 4 * i, 8);
+    h = (h ^ w) * UINT64_C(0x9fb21c651e98df25);
+    h ^= h >> 32;
+  }
+  if (i < words) {
     uint32_t w;
     memcpy(&w, b + 4 * i, 4);
-    h = mix64(h ^ ((uint64_t)w | (uint64_t)(i + 1) << 32));
+    h = (h ^ w) * UINT64_C(0x9fb21c651e98df25);
+    h ^= h >> 32;
   }
-  return h;
+  return mix64(h ^ words);
 }
 
 static uint64_t fp_row(const float *v, size_t floats, uint32_t last) {
