@@ -28,8 +28,9 @@ predictions (docs/distributed.md).
 ``--export DIR`` ends the run by writing the trained model as a SavedModel that
 stock TensorFlow serves without dynemb (TensorFlow Serving, ``saved_model_cli``,
 ``tf.saved_model.load``): the tables become ordinary hash tables and variables
-(docs/serving.md). ``--predictions FILE`` writes the last epoch's held-out
-probabilities (NumPy, in file order), e.g. to compare a served model with.
+(docs/serving.md); on several ranks rank 0 writes it with every rank's rows.
+``--predictions FILE`` writes the last epoch's held-out probabilities (NumPy, in
+file order), e.g. to compare a served model with.
 """
 
 from __future__ import annotations
@@ -168,13 +169,14 @@ def main(argv=None) -> int:
                     preds.append(sess.run([eval_pred, eval_y]))
                 except tf.errors.OutOfRangeError:
                     break
-            p = np.concatenate([a for a, _ in preds])
-            y = np.concatenate([b for _, b in preds])
-            # every rank's held-out predictions (one process: its own)
-            parts = dynemb.allgather_object((p, y, float(np.mean(losses))))
-            p = np.concatenate([a for a, _, _ in parts])
-            y = np.concatenate([b for _, b, _ in parts])
-            train_loss = sum(lv for _, _, lv in parts)
+            # every rank's held-out predictions (one process: its own), in
+            # the file's order: batch by batch, each batch's rank slices
+            parts = dynemb.allgather_object((preds, float(np.mean(losses))))
+            p = np.concatenate([np.concatenate([pr[i][0] for pr, _ in parts])
+                                for i in range(len(preds))])
+            y = np.concatenate([np.concatenate([pr[i][1] for pr, _ in parts])
+                                for i in range(len(preds))])
+            train_loss = sum(lv for _, lv in parts)
             say(f"epoch {epoch}: train loss {train_loss:.4f}  held-out AUC "
                 f"{auc(y, p):.4f}  logloss {criteo_model.logloss(y, p):.4f}")
         elapsed = time.time() - t_all

@@ -581,6 +581,7 @@ def get_local_rank_size() -> int:
 CONFIG_CHANNEL = 1  # create_table's check that every rank asks for the same table
 CHECKPOINT_CHANNEL = 2  # save_tables / Saver.save: every rank's part is written
 OBJECT_CHANNEL = 3  # allgather_object
+EXPORT_CHANNEL = 4  # export for serving: every rank's rows to rank 0
 FIRST_GRAPH_CHANNEL = 16
 _next_channel = [FIRST_GRAPH_CHANNEL]
 

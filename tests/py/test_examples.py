@@ -170,11 +170,15 @@ def test_demo_over_the_ssd_tier_gives_the_same_auc(tmp_path, plain):
 @pytest.mark.skipif(not shutil.which("mpirun") or not os.path.isfile(
     os.path.join(ROOT, "build", "tf", "_dynemb_sharded_ops.so")),
     reason="needs Open MPI's mpirun and build/tf/_dynemb_sharded_ops.so (make ops)")
-def test_demo_on_two_ranks_gives_the_same_auc(plain):
+def test_demo_on_two_ranks_gives_the_same_auc(plain, tmp_path):
     # each rank a slice of every global batch, the tables sharded: the same
     # training as one process (sums in another order), so the same figures
-    # to the digits printed
-    two = _demo(ranks=2)
+    # to the digits printed; its export (rank 0 writes it with both ranks'
+    # rows) serves its held-out predictions
+    two = _demo("--export", str(tmp_path / "model"), "--predictions",
+                str(tmp_path / "probs.npy"), ranks=2)
+    _check_served(str(tmp_path / "model"), str(tmp_path / "probs.npy"), other=False,
+                  cli=False)
     lines = [re.findall(r"^epoch 1: .*$", o, re.M) for o in (plain, two)]
     assert lines[0] and lines[0] == lines[1], (lines, two)
     rows = [re.findall(r"^table rows: .*$", o, re.M) for o in (plain, two)]

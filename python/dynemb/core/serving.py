@@ -84,8 +84,8 @@ def _file_stem(table: str, used: set) -> str:
     return out
 
 
-def _write_table(table: str, assets_dir: str, stem: str) -> tuple:
-    """(rows, dim) after the engine wrote the table's keys and rows."""
+def _export_raw(table: str, keys_path: str, rows_path: str) -> tuple:
+    """(rows, dim) after the engine wrote this process's rows of `table`."""
     rows = ctypes.c_uint64()
     with _lib.table_handle(table, ValueError(
             "dynemb export: the graph looks up table '%s', which is not registered in "
@@ -93,10 +93,66 @@ def _write_table(table: str, assets_dir: str, stem: str) -> tuple:
             % table)) as h:
         dim = _lib.clib.dynemb_table_dim(h)
         _lib.check(_lib.clib.dynemb_table_export_raw(
-            h, os.path.join(assets_dir, stem + "-keys.bin").encode(),
-            os.path.join(assets_dir, stem + "-rows.bin").encode(), ctypes.byref(rows)),
+            h, keys_path.encode(), rows_path.encode(), ctypes.byref(rows)),
             "dynemb export of table '%s'" % table)
     return rows.value, dim
+
+
+# Bytes of one rank's rows per exchange while rank 0 gathers a table.
+GATHER_CHUNK = 16 << 20
+
+
+def _gather_table(table: str, keys_path: str, rows_path: str) -> tuple:
+    """Several ranks: every rank's rows of `table` (a replicated table: rank
+    0's, which are all) into rank 0's files, streamed in parts of
+    GATHER_CHUNK bytes; every rank calls it at the same point. (rows, dim)
+    of the whole table, on every rank."""
+    import shutil
+    import tempfile
+    rank, size = _state.get_rank_id(), _state.get_rank_size()
+    w = _state._world()  # pylint: disable=protected-access
+    tmp = tempfile.mkdtemp(prefix="dynemb-export-")
+    try:
+        mine_k, mine_r = os.path.join(tmp, "k"), os.path.join(tmp, "r")
+        n, dim = _export_raw(table, mine_k, mine_r)
+        counts = [int(x) for x in w.allgather(_state.EXPORT_CHANNEL, b"%d" % n)]
+        if table in _state.REPLICATED_TABLES:
+            counts = counts[:1] + [0] * (size - 1)
+        out_k = open(keys_path, "wb") if rank == 0 else None
+        out_r = open(rows_path, "wb") if rank == 0 else None
+        try:
+            for src, count in enumerate(counts):
+                for mine, out, total in ((mine_k, out_k, 8 * count),
+                                         (mine_r, out_r, 4 * dim * count)):
+                    with open(mine, "rb") as f:
+                        for off in range(0, total, GATHER_CHUNK):
+                            part = f.read(min(GATHER_CHUNK, total - off)) \
+                                if rank == src else b""
+                            if src != 0:  # (rank 0's own rows need no exchange)
+                                part = w.allgather(_state.EXPORT_CHANNEL, part)[src]
+                            if out is not None:
+                                out.write(part)
+            if out_r is not None:  # the default row, last (every rank has it)
+                with open(mine_r, "rb") as f:
+                    f.seek(4 * dim * n)
+                    out_r.write(f.read(4 * dim))
+        finally:
+            for f in (out_k, out_r):
+                if f is not None:
+                    f.close()
+        return sum(counts), dim
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_table(table: str, assets_dir: str, stem: str) -> tuple:
+    """(rows, dim) after the table's keys and rows were written: by the
+    engine, or on several ranks gathered into rank 0's assets."""
+    keys = os.path.join(assets_dir, stem + "-keys.bin")
+    rows = os.path.join(assets_dir, stem + "-rows.bin")
+    if _state.get_rank_size() > 1:
+        return _gather_table(table, keys, rows)
+    return _export_raw(table, keys, rows)
 
 
 def _scope_free(graph_def: Any) -> str:
@@ -338,7 +394,7 @@ def rewrite_meta_graph(mg: Any, export_dir: str) -> list:
         tables[name] = (stem, rows, dim)
         logger.debug("dynemb export: table '%s': %d rows x %d written to %s", name, rows,
                      dim, assets_dir)
-    if tables:
+    if tables and _state.get_rank_id() == 0:
         logger.info("dynemb export: %d table(s), %d rows, %.1f MB written to %s",
                     len(tables), sum(t[1] for t in tables.values()),
                     sum(os.path.getsize(os.path.join(assets_dir, t[0] + x))
@@ -447,19 +503,8 @@ _orig_add_v1 = builder_impl.SavedModelBuilder.add_meta_graph_and_variables
 _orig_add_v2 = builder_impl._SavedModelBuilder.add_meta_graph_and_variables  # pylint: disable=protected-access
 
 
-def _check_one_process() -> None:
-    if _state.get_rank_size() > 1:
-        raise ValueError(
-            "dynemb export: this process holds only its rank's part of the tables (rank %d "
-            "of %d); export from one process, which restores every rank's part of the "
-            "checkpoint (e.g. estimator.export_saved_model(...) or "
-            "dynemb.export_saved_model(...) after Saver.restore in a one-process run)"
-            % (_state.get_rank_id(), _state.get_rank_size()))
-
-
 def _tag_and_add(self, meta_graph_def, tags, signature_def_map):
     if any(_is_dynemb(n.op) for n in meta_graph_def.graph_def.node):
-        _check_one_process()
         if signature_def_map:  # signatures are added to the meta graph below
             for k, v in signature_def_map.items():
                 meta_graph_def.signature_def[k].CopyFrom(v)
@@ -506,12 +551,39 @@ def _add_v2(self, sess, tags, *args, **kwargs):
     return _add(_orig_add_v2, self, sess, tags, *args, **kwargs)
 
 
+def _estimator_export(orig: Any) -> Any:
+    """Estimator.export_saved_model on several ranks: every rank calls it
+    (each restores its part of the tables and sends its rows to rank 0),
+    rank 0 writes the one model; every rank returns its path."""
+    def export(self, export_dir_base, *args, **kwargs):
+        if _state.get_rank_size() == 1:
+            return orig(self, export_dir_base, *args, **kwargs)
+        import tempfile
+        rank0 = _state.get_rank_id() == 0
+        base = export_dir_base if rank0 else tempfile.mkdtemp(prefix="dynemb-export-rank-")
+        try:
+            out = orig(self, base, *args, **kwargs)
+        finally:
+            if not rank0:
+                shutil.rmtree(base, ignore_errors=True)
+        paths = _state._world().allgather(  # pylint: disable=protected-access
+            _state.EXPORT_CHANNEL, out if rank0 else b"")
+        return paths[0]
+    export.__doc__ = orig.__doc__
+    export._dynemb = True  # pylint: disable=protected-access
+    return export
+
+
 def patch_builders() -> None:
     """Installs the rewrite in TensorFlow's SavedModel builders (idempotent;
-    a graph without dynemb ops is exported unchanged)."""
+    a graph without dynemb ops is exported unchanged), and Estimator's
+    export on several ranks."""
     builder_impl._SavedModelBuilder._tag_and_add_meta_graph = _tag_and_add  # pylint: disable=protected-access
     builder_impl.SavedModelBuilder.add_meta_graph_and_variables = _add_v1
     builder_impl._SavedModelBuilder.add_meta_graph_and_variables = _add_v2  # pylint: disable=protected-access
+    est = getattr(getattr(tf, "estimator", None), "Estimator", None)
+    if est is not None and not getattr(est.export_saved_model, "_dynemb", False):
+        est.export_saved_model = _estimator_export(est.export_saved_model)
 
 
 def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
@@ -521,14 +593,26 @@ def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
     dynemb needed to load or run it): one prediction signature from `inputs`
     and `outputs` (name -> tensor), tagged `tags` (default: serve), whose
     lookups read the tables as they are now. Returns `export_dir`, which must
-    not exist yet."""
+    not exist yet. On several ranks every rank calls it: rank 0 writes the
+    one model, with every rank's rows."""
     if not isinstance(inputs, dict) or not isinstance(outputs, dict) or not outputs:
         raise TypeError("dynemb.export_saved_model: inputs and outputs must be dicts of "
                         "name -> tensor (outputs not empty)")
-    if os.path.exists(export_dir):
+    several = _state.get_rank_size() > 1
+    if several:  # every rank must know, and agree
+        exists = [x == b"1" for x in _state._world().allgather(  # pylint: disable=protected-access
+            _state.EXPORT_CHANNEL, b"1" if os.path.exists(export_dir) else b"0")]
+        exists = exists[0]
+    else:
+        exists = os.path.exists(export_dir)
+    if exists:
         raise ValueError("dynemb.export_saved_model: '%s' exists; pass a new directory "
                          "(nothing was written)" % export_dir)
-    _check_one_process()
+    target = export_dir
+    if several and _state.get_rank_id() != 0:
+        # (this rank sends its rows to rank 0, which writes the one model)
+        import tempfile
+        target = os.path.join(tempfile.mkdtemp(prefix="dynemb-export-rank-"), "model")
     sig = tf.compat.v1.saved_model.signature_def_utils.predict_signature_def(inputs, outputs)
     if hasattr(sess, "_tf_sess"):  # a MonitoredSession: its hooks must not run
         sess = sess._tf_sess()  # pylint: disable=protected-access
@@ -538,7 +622,7 @@ def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
     if finalized:
         graph._unsafe_unfinalize()  # pylint: disable=protected-access
     # Written next to its place and renamed: a failed export leaves nothing.
-    tmp = "%s.tmp-%d" % (os.path.normpath(export_dir), os.getpid())
+    tmp = "%s.tmp-%d" % (os.path.normpath(target), os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     # The builder records its main op and assets in the graph, and refuses a
     # graph that has a main op: a training graph exports again and again.
@@ -553,14 +637,17 @@ def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
                 signature_def_map={signature_name: sig},
                 main_op=tf.compat.v1.tables_initializer())
         builder.save()
-        os.rename(tmp, export_dir)
+        os.rename(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if target != export_dir:
+            shutil.rmtree(os.path.dirname(target), ignore_errors=True)
         for k, v in kept.items():
             graph.clear_collection(k)
             for x in v:
                 graph.add_to_collection(k, x)
         if finalized:
             graph.finalize()
-    logger.info("dynemb export: SavedModel written to %s", export_dir)
+    if target == export_dir:
+        logger.info("dynemb export: SavedModel written to %s", export_dir)
     return export_dir
