@@ -49,6 +49,8 @@ static void what_fmt(char *buf, const char *fmt, ...) {
 
 /* ---- directory helpers ----------------------------------------------------- */
 
+static int mkdir_p(const char *dir, const char *what);
+
 static int fsync_dir(int dfd) {
   int e = dynemb_ckpt_fsync(dfd);
   return e == EINVAL ? 0 : e; /* some file systems cannot sync directories */
@@ -74,6 +76,10 @@ static void fsync_parent(const char *path) {
 }
 
 /* mkdir -p, syncing the parent of every directory it creates. */
+int dynemb_ckpt_mkdirs(const char *dir, const char *what) {
+  return mkdir_p(dir, what);
+}
+
 static int mkdir_p(const char *dir, const char *what) {
   char *p = strdup(dir);
   if (!p) return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);

@@ -239,6 +239,9 @@ int dynemb_ckpt_apply_delta(const dynemb_snapshot *base, const int64_t *rk,
 
 /* ---- ckpt.c: directory-level operations ----------------------------------- */
 
+/* Creates `dir` and its missing parents (`what` prefixes errors: EIO). */
+int dynemb_ckpt_mkdirs(const char *dir, const char *what);
+
 /* CRC32 of directory `dir`'s MANIFEST file (what a delta records of the
  * checkpoint it builds on). Errors: EIO, ECORRUPT. */
 int dynemb_ckpt_manifest_crc(const char *dir, uint32_t *crc);

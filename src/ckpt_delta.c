@@ -320,11 +320,11 @@ int dynemb_checkpoint_save_incremental(const char *dir,
                                        diffs[i].nr, diffs[i].ck, diffs[i].nc};
   }
   if (!rc && delta) {
-    if (!realpath(dir, here)) { /* (created by the save below) */
-      if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        rc = dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': cannot create "
-                              "the directory: %s", dir, strerror(errno));
-      else if (!realpath(dir, here))
+    if (!realpath(dir, here)) { /* (the save below would create it) */
+      char what[600];
+      snprintf(what, sizeof what, "checkpoint '%s'", dir);
+      rc = dynemb_ckpt_mkdirs(dir, what);
+      if (!rc && !realpath(dir, here))
         rc = dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': %s", dir,
                               strerror(errno));
     }

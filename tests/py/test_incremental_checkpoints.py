@@ -193,3 +193,32 @@ def test_command_line_tool_follows_the_chain(tmp_path):
     r = subprocess.run([tool, "ckpt", "verify", str(tmp_path / "b")], capture_output=True,
                        text=True)
     assert r.returncode != 0 and "builds on" in r.stderr
+
+
+@pytest.mark.pinned_only
+@pytest.mark.skipif(not __import__("shutil").which("mpirun") or not os.path.isfile(
+    os.path.join(os.path.dirname(__file__), "..", "..", "build", "tf",
+                 "_dynemb_sharded_ops.so")), reason="needs Open MPI's mpirun and make ops")
+def test_two_ranks_chain_restores_onto_one_process(tmp_path):
+    """A delta written by 2 ranks (each part building on that rank's part of
+    the base) restores onto one process exactly as the 2 ranks' full save
+    of the same moment."""
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "mpi", "incremental.py")
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
+               DYNEMB_EXCHANGE_TIMEOUT="60")
+    r = subprocess.run(["timeout", "-k", "5", "200", "mpirun", "--oversubscribe",
+                        "--allow-run-as-root", "-np", "2", sys.executable, script,
+                        str(tmp_path)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    from dynemb.core.checkpoint import checkpoint_base
+    part = str(tmp_path / "delta" / "rank-1-of-2")
+    assert checkpoint_base(part) == str(tmp_path / "base" / "rank-1-of-2")
+    t, _, _, _ = _model()
+    dynemb.restore_tables(str(tmp_path / "full"), [t])
+    want = _state_of("inc")
+    assert len(want["keys"]) > 50 and len(want["cand_keys"]) > 0
+    dynemb.restore_tables(str(tmp_path / "base"), [t])
+    dynemb.restore_tables(str(tmp_path / "delta"), [t])
+    _same(_state_of("inc"), want)
