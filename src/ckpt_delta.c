@@ -133,12 +133,39 @@ static int oom(const dynemb_table *t) {
                           t->name);
 }
 
+/* The fingerprints of a whole snapshot (values in memory) into d->now. */
+static int fingerprint_all(dynemb_table *t, table_diff *d) {
+  const dynemb_snapshot *s = &d->snap;
+  const size_t rf = (size_t)s->row_floats;
+  d->now.rows = s->rows;
+  d->now.cands = s->candidates;
+  d->now.rkeys = malloc(s->rows * sizeof(int64_t) + 1);
+  d->now.rfp = malloc(s->rows * sizeof(uint64_t) + 1);
+  d->now.ckeys = malloc(s->candidates * sizeof(int64_t) + 1);
+  d->now.cfp = malloc(s->candidates * sizeof(uint64_t) + 1);
+  if (!d->now.rkeys || !d->now.rfp || !d->now.ckeys || !d->now.cfp) return oom(t);
+  memcpy(d->now.rkeys, s->keys, s->rows * sizeof(int64_t));
+  memcpy(d->now.ckeys, s->cand_keys, s->candidates * sizeof(int64_t));
+  for (size_t i = 0; i < s->rows; i++)
+    d->now.rfp[i] = fp_row(s->values + i * rf, rf, s->last_access[i]);
+  for (size_t i = 0; i < s->candidates; i++)
+    d->now.cfp[i] = fp_cand(s->cand_counts[i], s->cand_last_access[i]);
+  return DYNEMB_OK;
+}
+
 /* Fingerprints table `t` and, with `old`, collects in d->snap only what
  * differs from it (without `old`: fingerprints only, d->snap keeps just
- * the metadata). */
+ * the metadata; or, with `whole`, the whole table in memory, which the
+ * full save then writes: one snapshot and one pass over the rows). */
 static int diff_table(dynemb_table *t, const dynemb_delta_track *old,
-                      table_diff *d) {
+                      int whole, table_diff *d) {
   memset(d, 0, sizeof *d);
+  if (!old && whole) {
+    int rc = dynemb_table_snapshot(t, &d->snap);
+    if (!rc) rc = fingerprint_all(t, d);
+    if (rc) diff_free(d);
+    return rc;
+  }
   dynemb_table_reader *rd = NULL;
   dynemb_snapshot *s = &d->snap;
   int rc = dynemb_table_snapshot_open(t, s, &rd);
@@ -310,9 +337,13 @@ int dynemb_checkpoint_save_incremental(const char *dir,
                ? DYNEMB_OK
                : dynemb_error_set(DYNEMB_ENOMEM, "incremental checkpoint "
                                   "save: out of memory");
+  /* A full save of tables held in memory writes the snapshots it
+   * fingerprints (a table on the SSD tier streams its rows instead). */
+  int whole = !delta;
+  for (size_t i = 0; i < n && whole; i++) whole = !dynemb_table_has_ssd(tables[i]);
   for (size_t i = 0; i < n && !rc; i++) {
     pthread_mutex_lock(&track_lock);
-    rc = diff_table(tables[i], delta ? tables[i]->track : NULL, &diffs[i]);
+    rc = diff_table(tables[i], delta ? tables[i]->track : NULL, whole, &diffs[i]);
     pthread_mutex_unlock(&track_lock);
     names[i] = tables[i]->name;
     snaps[i] = &diffs[i].snap;
@@ -335,6 +366,8 @@ int dynemb_checkpoint_save_incremental(const char *dir,
       rc = dynemb_ckpt_save_delta(dir, names, snaps, n, &d);
     }
     free(rel);
+  } else if (!rc && whole) {
+    rc = dynemb_ckpt_save_snapshots(dir, names, snaps, n);
   } else if (!rc) {
     /* Fingerprinted before the save's own snapshot: a row changed in
      * between differs from its fingerprint and goes into the next delta
