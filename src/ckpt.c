@@ -283,13 +283,16 @@ static int write_removed_fn(int fd, const char *what, void *ctx) {
   return dynemb_ckpt_removed_write(fd, what, c->delta, &c->bytes, &c->crc);
 }
 
-/* Saves tables[i] (snapshotted here) or, if tables is NULL, snaps[i], under
- * names[i]; with `delta`, as an incremental checkpoint into a directory
- * that holds none yet. */
+/* Saves tables[i] (snapshotted here) or, if tables is NULL, snaps[i] (with
+ * its rows from o->rows[i] when that is set), under names[i]; with
+ * o->delta, as an incremental checkpoint into a directory that holds none
+ * yet. o->manifest_crc gets the CRC32 of the MANIFEST written, taken under
+ * the directory's lock. */
 static int save_impl(const char *dir, const char *const *names,
                      dynemb_table *const *tables,
                      const dynemb_snapshot *const *snaps, size_t n,
-                     const dynemb_ckpt_delta *delta) {
+                     dynemb_ckpt_save_opts *o) {
+  const dynemb_ckpt_delta *delta = o ? o->delta : NULL;
   dynemb_error_clear();
   char what[WHAT_MAX];
   if (!dir || !*dir)
@@ -328,13 +331,19 @@ static int save_impl(const char *dir, const char *const *names,
     close(dfd);
     return rc;
   }
-  if (delta && exists) {
+  if ((delta && exists) || (!delta && old.parent)) {
+    /* (A full save keeps the tables it does not name; those of a delta
+     * hold only its changes, and would pass for whole tables.) */
     dynemb_manifest_free(&old);
     close(dfd);
     return dynemb_error_set(DYNEMB_EINVAL,
-                            "%s: an incremental save writes a new directory, "
-                            "but this one already holds a checkpoint; save "
-                            "into a directory of its own",
+                            delta ? "%s: an incremental save writes a new "
+                                    "directory, but this one already holds a "
+                                    "checkpoint; save into a directory of its "
+                                    "own"
+                                  : "%s holds an incremental checkpoint; a "
+                                    "full save goes into another directory "
+                                    "(or remove this one first)",
                             what);
   }
   uint64_t gen = old.generation + 1;
@@ -373,7 +382,8 @@ static int save_impl(const char *dir, const char *const *names,
     what_fmt(fwhat, "%s: file '%s' of table '%s'", what, tmp,
              names[i]);
     dynemb_snapshot own = {0};
-    table_ctx c = {.name = names[i], .snap = tables ? &own : snaps[i]};
+    table_ctx c = {.name = names[i], .snap = tables ? &own : snaps[i],
+                   .rows = !tables && o && o->rows ? o->rows[i] : NULL};
     /* A table with an SSD tier may be larger than memory: its rows are
      * streamed from the tiers into the file, under its read locks, rather
      * than copied into a snapshot first. */
@@ -434,6 +444,7 @@ static int save_impl(const char *dir, const char *const *names,
   rc = write_atomic(dfd, DYNEMB_CKPT_MANIFEST ".tmp", DYNEMB_CKPT_MANIFEST,
                     mwhat, write_text_fn, &tc);
   if (rc) goto done;
+  if (o) o->manifest_crc = (uint32_t)crc32(0L, (const unsigned char *)text, (uInt)len);
   e = fsync_dir(dfd);
   if (e) {
     /* The rename happened but may not be durable: report it, and keep the
@@ -469,10 +480,10 @@ int dynemb_ckpt_save_snapshots(const char *dir, const char *const *names,
   return save_impl(dir, names, NULL, snaps, n, NULL);
 }
 
-int dynemb_ckpt_save_delta(const char *dir, const char *const *names,
-                           const dynemb_snapshot *const *snaps, size_t n,
-                           const dynemb_ckpt_delta *delta) {
-  return save_impl(dir, names, NULL, snaps, n, delta);
+int dynemb_ckpt_save_with(const char *dir, const char *const *names,
+                          const dynemb_snapshot *const *snaps, size_t n,
+                          dynemb_ckpt_save_opts *o) {
+  return save_impl(dir, names, NULL, snaps, n, o);
 }
 
 int dynemb_checkpoint_save(const char *dir, dynemb_table *const *tables,
@@ -629,7 +640,7 @@ out:
 
 /* Longest chain of incremental checkpoints a reader follows (a loop of
  * directories, which no save makes, stops there). */
-#define CHAIN_MAX 10000
+#define CHAIN_MAX 1000
 
 int dynemb_ckpt_manifest_crc(const char *dir, uint32_t *crc) {
   size_t n = strlen(dir) + sizeof "/" DYNEMB_CKPT_MANIFEST;
@@ -682,6 +693,12 @@ static int chain_parent(const char *dir, const ckpt_dir *d, int depth,
   if (!path) return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", d->what);
   if (p[0] == '/') snprintf(path, n, "%s", p);
   else snprintf(path, n, "%s/%s", dir, p);
+  /* canonical, or a long chain's "a/../b/../c/.." would outgrow PATH_MAX */
+  char *canon = realpath(path, NULL);
+  if (canon) {
+    free(path);
+    path = canon;
+  }
   uint32_t crc;
   int rc = dynemb_ckpt_manifest_crc(path, &crc);
   if (rc) {
@@ -1041,6 +1058,25 @@ int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
   dir_close(&d0);
   if (!incremental)
     return load_full(dir, t, name, flags, shard_index, shard_count, opts);
+  if (!dynemb_table_has_ssd(t) || !(flags & DYNEMB_IMPORT_REPLACE)) {
+    /* The chain merged in memory and imported once: all or nothing, and
+     * exactly a full checkpoint's load. (A table on the SSD tier loaded
+     * with REPLACE streams the full checkpoint and applies the deltas.) */
+    dynemb_snapshot snap;
+    int rc = dynemb_checkpoint_read(dir, name, &snap);
+    if (rc) return rc;
+    int dim = dynemb_table_dim(t);
+    if (snap.dim != dim) {
+      rc = dim_error(dir, name, snap.dim, dynemb_table_name(t), dim);
+    } else {
+      apply_options(opts, snap.last_access, snap.rows, snap.cand_last_access,
+                    &snap.candidates);
+      rc = dynemb_table_import(t, &snap, flags, shard_index, shard_count);
+      if (rc) rc = load_error(rc, dir, name);
+    }
+    dynemb_snapshot_free(&snap);
+    return rc;
+  }
   rc0 = verify_chain(dir, name, 0);
   if (!rc0)
     rc0 = load_chain(dir, t, name, flags, shard_index, shard_count, opts, 0);
@@ -1131,6 +1167,11 @@ int dynemb_checkpoint_base(const char *dir, char **base) {
     if (!*base) rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", d.what);
     else if (d.m.parent[0] == '/') snprintf(*base, n, "%s", d.m.parent);
     else snprintf(*base, n, "%s/%s", dir, d.m.parent);
+    char *canon = *base ? realpath(*base, NULL) : NULL;
+    if (canon) {
+      free(*base);
+      *base = canon;
+    }
   }
   dir_close(&d);
   return rc;

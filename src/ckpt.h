@@ -205,7 +205,8 @@ typedef struct dynemb_ckpt_removed {
   const char *name;
   const int64_t *rows; /* rows gone (evicted, or now a candidate) */
   size_t nrows;
-  const int64_t *cands; /* candidates gone (evicted, or now a row) */
+  const int64_t *cands; /* candidates gone (evicted; a candidate that became
+                         * a row is replaced by the row's import) */
   size_t ncands;
 } dynemb_ckpt_removed;
 
@@ -246,11 +247,22 @@ int dynemb_ckpt_mkdirs(const char *dir, const char *what);
  * checkpoint it builds on). Errors: EIO, ECORRUPT. */
 int dynemb_ckpt_manifest_crc(const char *dir, uint32_t *crc);
 
-/* dynemb_ckpt_save_snapshots as an incremental checkpoint (`delta`) into a
- * directory that holds no checkpoint yet (EINVAL otherwise). */
-int dynemb_ckpt_save_delta(const char *dir, const char *const *names,
-                           const dynemb_snapshot *const *snaps, size_t n,
-                           const dynemb_ckpt_delta *delta);
+/* What dynemb_ckpt_save_with adds to dynemb_ckpt_save_snapshots. */
+typedef struct dynemb_ckpt_save_opts {
+  /* NULL, or per table NULL or where its rows come from (streamed, e.g.
+   * from a table reader; the snapshot then has no values) */
+  const dynemb_ckpt_rows *const *rows;
+  /* non-NULL: an incremental checkpoint, into a directory that holds no
+   * checkpoint yet (EINVAL otherwise) */
+  const dynemb_ckpt_delta *delta;
+  uint32_t manifest_crc; /* out: CRC32 of the MANIFEST written */
+} dynemb_ckpt_save_opts;
+
+/* dynemb_ckpt_save_snapshots with `o` (may be NULL). A full save into a
+ * directory that holds an incremental checkpoint is EINVAL. */
+int dynemb_ckpt_save_with(const char *dir, const char *const *names,
+                          const dynemb_snapshot *const *snaps, size_t n,
+                          dynemb_ckpt_save_opts *o);
 
 /* Rows per import step when loading into a table with an SSD tier
  * (dynemb_checkpoint_load streams such loads); 0, the default, means about

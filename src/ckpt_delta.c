@@ -108,9 +108,15 @@ typedef struct table_diff {
   dynemb_delta_track now; /* fingerprints of the whole table (dir unset) */
   int64_t *rk, *ck;       /* removed keys */
   size_t nr, nc;
+  /* A full save of a table on the SSD tier: its reader stays open (the
+   * table's read locks held) while the save streams the rows through
+   * `rows`, which fingerprints each one as it passes. */
+  dynemb_table_reader *rd;
+  dynemb_ckpt_rows rows;
 } table_diff;
 
 static void diff_free(table_diff *d) {
+  dynemb_table_snapshot_close(d->rd);
   dynemb_snapshot_free(&d->snap);
   free(d->now.rkeys);
   free(d->now.ckeys);
@@ -153,19 +159,53 @@ static int fingerprint_all(dynemb_table *t, table_diff *d) {
   return DYNEMB_OK;
 }
 
-/* Fingerprints table `t` and, with `old`, collects in d->snap only what
- * differs from it (without `old`: fingerprints only, d->snap keeps just
- * the metadata; or, with `whole`, the whole table in memory, which the
- * full save then writes: one snapshot and one pass over the rows). */
-static int diff_table(dynemb_table *t, const dynemb_delta_track *old,
-                      int whole, table_diff *d) {
+/* The rows a streamed full save writes, fingerprinted on their way. */
+static int streamed_rows(void *ctx, size_t first, size_t n, float *out) {
+  table_diff *d = ctx;
+  int rc = dynemb_table_reader_rows(d->rd, first, n, out);
+  const size_t rf = (size_t)d->snap.row_floats;
+  for (size_t j = 0; j < n && !rc && first + j < d->snap.rows; j++)
+    d->now.rfp[first + j] = fp_row(out + j * rf, rf, d->snap.last_access[first + j]);
+  return rc;
+}
+
+/* A full save's table: in memory, one snapshot that is both fingerprinted
+ * and written; on the SSD tier, the open reader the save streams from. */
+static int full_table(dynemb_table *t, table_diff *d) {
   memset(d, 0, sizeof *d);
-  if (!old && whole) {
+  if (!dynemb_table_has_ssd(t)) {
     int rc = dynemb_table_snapshot(t, &d->snap);
     if (!rc) rc = fingerprint_all(t, d);
     if (rc) diff_free(d);
     return rc;
   }
+  int rc = dynemb_table_snapshot_open(t, &d->snap, &d->rd);
+  if (rc) return rc;
+  const dynemb_snapshot *s = &d->snap;
+  d->now.rows = s->rows;
+  d->now.cands = s->candidates;
+  d->now.rkeys = malloc(s->rows * sizeof(int64_t) + 1);
+  d->now.rfp = calloc(s->rows + 1, sizeof(uint64_t));
+  d->now.ckeys = malloc(s->candidates * sizeof(int64_t) + 1);
+  d->now.cfp = malloc(s->candidates * sizeof(uint64_t) + 1);
+  if (!d->now.rkeys || !d->now.rfp || !d->now.ckeys || !d->now.cfp) {
+    diff_free(d);
+    return oom(t);
+  }
+  memcpy(d->now.rkeys, s->keys, s->rows * sizeof(int64_t));
+  memcpy(d->now.ckeys, s->cand_keys, s->candidates * sizeof(int64_t));
+  for (size_t i = 0; i < s->candidates; i++)
+    d->now.cfp[i] = fp_cand(s->cand_counts[i], s->cand_last_access[i]);
+  d->rows.fn = streamed_rows;
+  d->rows.ctx = d;
+  return DYNEMB_OK;
+}
+
+/* Fingerprints table `t` and collects in d->snap only what differs from
+ * `old`, the track of the save it builds on. */
+static int diff_table(dynemb_table *t, const dynemb_delta_track *old,
+                      table_diff *d) {
+  memset(d, 0, sizeof *d);
   dynemb_table_reader *rd = NULL;
   dynemb_snapshot *s = &d->snap;
   int rc = dynemb_table_snapshot_open(t, s, &rd);
@@ -179,10 +219,10 @@ static int diff_table(dynemb_table *t, const dynemb_delta_track *old,
   d->now.ckeys = malloc(cands * sizeof(int64_t) + 1);
   d->now.cfp = malloc(cands * sizeof(uint64_t) + 1);
   float *blk = malloc(BLOCK_ROWS * rf * sizeof(float));
-  size_t *changed = old ? malloc(rows * sizeof(size_t) + 1) : NULL;
+  size_t *changed = malloc(rows * sizeof(size_t) + 1);
   size_t nch = 0;
   if (!d->now.rkeys || !d->now.rfp || !d->now.ckeys || !d->now.cfp || !blk ||
-      (old && !changed)) {
+      !changed) {
     rc = oom(t);
     goto out;
   }
@@ -196,14 +236,13 @@ static int diff_table(dynemb_table *t, const dynemb_delta_track *old,
       size_t i = first + j;
       uint64_t f = fp_row(blk + j * rf, rf, s->last_access[i]);
       d->now.rfp[i] = f;
-      if (old && !(has_key(old->rkeys, old->rows, &oi, s->keys[i]) &&
-                   old->rfp[oi] == f))
+      if (!(has_key(old->rkeys, old->rows, &oi, s->keys[i]) && old->rfp[oi] == f))
         changed[nch++] = i;
     }
   }
   for (size_t i = 0; i < cands; i++)
     d->now.cfp[i] = fp_cand(s->cand_counts[i], s->cand_last_access[i]);
-  if (rc || !old) goto out;
+  if (rc) goto out;
 
   /* the removed keys: rows that are no rows now, candidates that are
    * neither candidates nor rows now */
@@ -291,9 +330,25 @@ static char *relative_path(const char *from, const char *to) {
 
 /* ---- save ------------------------------------------------------------------- */
 
+/* Incremental saves run one at a time: each reads the tracks of its
+ * tables, saves, and replaces them, and a save running in between would
+ * make a delta name one base and hold the changes against another. */
+static pthread_mutex_t save_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int save_incremental(const char *dir, dynemb_table *const *tables,
+                            size_t n, int full, int *delta_out);
+
 int dynemb_checkpoint_save_incremental(const char *dir,
                                        dynemb_table *const *tables, size_t n,
                                        int full, int *delta_out) {
+  pthread_mutex_lock(&save_lock);
+  int rc = save_incremental(dir, tables, n, full, delta_out);
+  pthread_mutex_unlock(&save_lock);
+  return rc;
+}
+
+static int save_incremental(const char *dir, dynemb_table *const *tables,
+                            size_t n, int full, int *delta_out) {
   dynemb_error_clear();
   if (delta_out) *delta_out = 0;
   if (!dir || !*dir || (n && !tables))
@@ -332,24 +387,29 @@ int dynemb_checkpoint_save_incremental(const char *dir,
   table_diff *diffs = calloc(n + 1, sizeof *diffs);
   const char **names = calloc(n + 1, sizeof *names);
   const dynemb_snapshot **snaps = calloc(n + 1, sizeof *snaps);
+  const dynemb_ckpt_rows **rows = calloc(n + 1, sizeof *rows);
   dynemb_ckpt_removed *removed = calloc(n + 1, sizeof *removed);
-  int rc = diffs && names && snaps && removed
+  int rc = diffs && names && snaps && rows && removed
                ? DYNEMB_OK
                : dynemb_error_set(DYNEMB_ENOMEM, "incremental checkpoint "
                                   "save: out of memory");
-  /* A full save of tables held in memory writes the snapshots it
-   * fingerprints (a table on the SSD tier streams its rows instead). */
-  int whole = !delta;
-  for (size_t i = 0; i < n && whole; i++) whole = !dynemb_table_has_ssd(tables[i]);
+  /* What is fingerprinted is exactly what is written: the delta's rows,
+   * or a full save's snapshot (in memory) or streamed rows (SSD tier). */
   for (size_t i = 0; i < n && !rc; i++) {
-    pthread_mutex_lock(&track_lock);
-    rc = diff_table(tables[i], delta ? tables[i]->track : NULL, whole, &diffs[i]);
-    pthread_mutex_unlock(&track_lock);
+    if (delta) {
+      pthread_mutex_lock(&track_lock);
+      rc = diff_table(tables[i], tables[i]->track, &diffs[i]);
+      pthread_mutex_unlock(&track_lock);
+    } else {
+      rc = full_table(tables[i], &diffs[i]);
+    }
     names[i] = tables[i]->name;
     snaps[i] = &diffs[i].snap;
+    rows[i] = diffs[i].rd ? &diffs[i].rows : NULL;
     removed[i] = (dynemb_ckpt_removed){tables[i]->name, diffs[i].rk,
                                        diffs[i].nr, diffs[i].ck, diffs[i].nc};
   }
+  dynemb_ckpt_save_opts opts = {.rows = rows};
   if (!rc && delta) {
     if (!realpath(dir, here)) { /* (the save below would create it) */
       char what[600];
@@ -363,21 +423,21 @@ int dynemb_checkpoint_save_incremental(const char *dir,
     if (!rc && !rel) rc = dynemb_error_set(DYNEMB_ENOMEM, "out of memory");
     if (!rc) {
       dynemb_ckpt_delta d = {rel, parent_crc, n, removed};
-      rc = dynemb_ckpt_save_delta(dir, names, snaps, n, &d);
+      opts.delta = &d;
+      rc = dynemb_ckpt_save_with(dir, names, snaps, n, &opts);
     }
     free(rel);
-  } else if (!rc && whole) {
-    rc = dynemb_ckpt_save_snapshots(dir, names, snaps, n);
   } else if (!rc) {
-    /* Fingerprinted before the save's own snapshot: a row changed in
-     * between differs from its fingerprint and goes into the next delta
-     * again (nothing is missed). */
-    rc = dynemb_checkpoint_save(dir, tables, n);
+    rc = dynemb_ckpt_save_with(dir, names, snaps, n, &opts);
   }
-  uint32_t crc = 0;
+  for (size_t i = 0; i < n; i++) { /* the SSD tables' locks go now */
+    dynemb_table_snapshot_close(diffs[i].rd);
+    diffs[i].rd = NULL;
+  }
+  /* (the CRC of the MANIFEST this save wrote, taken under its lock) */
+  uint32_t crc = opts.manifest_crc;
   if (!rc && !realpath(dir, here))
     rc = dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': %s", dir, strerror(errno));
-  if (!rc) rc = dynemb_ckpt_manifest_crc(here, &crc);
   /* The save is durable: what it holds is what the next delta builds on. */
   for (size_t i = 0; i < n && !rc; i++) {
     dynemb_delta_track *tr = calloc(1, sizeof *tr);
@@ -409,6 +469,7 @@ int dynemb_checkpoint_save_incremental(const char *dir,
   free(diffs);
   free(names);
   free(snaps);
+  free(rows);
   free(removed);
   free(parent_dir);
   return rc;

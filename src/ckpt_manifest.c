@@ -277,8 +277,10 @@ int dynemb_manifest_parse(const char *text, size_t len, const char *what,
   for (const char *q = eol + 1; q < lim; q++) cap += *q == '\n';
   if (cap) {
     m->entries = calloc(cap, sizeof *m->entries);
-    if (!m->entries)
+    if (!m->entries) {
+      dynemb_manifest_free(m);
       return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
+    }
   }
   int rc = DYNEMB_OK;
   for (p = eol + 1; p < lim; p = eol + 1) {

@@ -340,6 +340,119 @@ static void test_errors(void) {
   dynemb_table_drop("delta_err3");
 }
 
+/* A full save into a delta's directory would keep the other tables'
+ * changes-only files as if they were whole: refused. */
+static void test_full_save_into_a_delta_refused(void) {
+  dynemb_table *a = make("delta_two_a", 2, DYNEMB_OPT_SGD, 0, 0);
+  dynemb_table *b = make("delta_two_b", 2, DYNEMB_OPT_SGD, 0, 0);
+  if (!a || !b) return;
+  dynemb_table *both[2] = {a, b};
+  char d0[600], d1[600];
+  path_in(d0, sizeof d0, "two-0");
+  path_in(d1, sizeof d1, "two-1");
+  round_of(a, 1, 100, 50);
+  round_of(b, 1, 100, 50);
+  CHECK_OK(dynemb_checkpoint_save_incremental(d0, both, 2, 0, NULL));
+  round_of(a, 2, 100, 50);
+  int is_delta = 0;
+  CHECK_OK(dynemb_checkpoint_save_incremental(d1, both, 2, 0, &is_delta));
+  CHECK(is_delta);
+  CHECK_RC(dynemb_checkpoint_save(d1, &a, 1), DYNEMB_EINVAL);
+  CHECK(strstr(dynemb_last_error(), "holds an incremental checkpoint") != NULL);
+  CHECK_RC(dynemb_checkpoint_save_incremental(d1, &a, 1, 1, NULL), DYNEMB_EINVAL);
+  dynemb_table_release(a);
+  dynemb_table_release(b);
+  dynemb_table_drop("delta_two_a");
+  dynemb_table_drop("delta_two_b");
+}
+
+/* A chain loaded without REPLACE (a warm start into a table with rows of
+ * its own) adds what a full checkpoint of the same moment adds; a chain
+ * that does not fit the table changes nothing. */
+static void test_chain_load_is_a_full_load(void) {
+  dynemb_table *t = make("delta_merge", 2, DYNEMB_OPT_SGD, 0, 0);
+  if (!t) return;
+  char d0[600], d1[600], f1[600];
+  path_in(d0, sizeof d0, "merge-0");
+  path_in(d1, sizeof d1, "merge-1");
+  path_in(f1, sizeof f1, "merge-full");
+  round_of(t, 1, 300, 120);
+  CHECK_OK(dynemb_checkpoint_save_incremental(d0, &t, 1, 0, NULL));
+  round_of(t, 3, 300, 120);
+  round_of(t, 9, 300, 120); /* (an eviction: removed keys in the delta) */
+  CHECK_OK(dynemb_checkpoint_save_incremental(d1, &t, 1, 0, NULL));
+  CHECK_OK(dynemb_checkpoint_save(f1, &t, 1));
+  dynemb_table *u = make("delta_merge_u", 2, DYNEMB_OPT_SGD, 0, 0);
+  dynemb_table *v = make("delta_merge_v", 2, DYNEMB_OPT_SGD, 0, 0);
+  round_of(u, 1, 600, 200); /* rows of their own, the same in both */
+  char own[600];
+  path_in(own, sizeof own, "merge-own");
+  CHECK_OK(dynemb_checkpoint_save(own, &u, 1));
+  CHECK_OK(dynemb_checkpoint_load(own, v, "delta_merge_u", DYNEMB_IMPORT_REPLACE, 0, 1));
+  CHECK_OK(dynemb_checkpoint_load(d1, u, "delta_merge", 0, 0, 1));
+  CHECK_OK(dynemb_checkpoint_load(f1, v, "delta_merge", 0, 0, 1));
+  dynemb_snapshot a, b;
+  CHECK_OK(dynemb_table_snapshot(u, &a));
+  CHECK_OK(dynemb_table_snapshot(v, &b));
+  CHECK(same_snaps(&a, &b));
+  dynemb_snapshot_free(&a);
+  dynemb_snapshot_free(&b);
+  /* too big for the table: an error, and the table as it was */
+  dynemb_table_config c;
+  dynemb_table_config_init(&c);
+  c.name = "delta_merge_small";
+  c.dim = 2;
+  c.host_vocabulary_size = 5;
+  dynemb_table *w = NULL;
+  CHECK_OK(dynemb_table_create(&c, &w));
+  int64_t k[3] = {1, 2, 3};
+  float out[6];
+  CHECK_OK(dynemb_lookup(w, k, 3, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_RC(dynemb_checkpoint_load(d1, w, "delta_merge", DYNEMB_IMPORT_REPLACE, 0, 1),
+           DYNEMB_ECAPACITY);
+  CHECK(dynemb_table_size(w) == 3);
+  dynemb_table_release(w);
+  dynemb_table_release(u);
+  dynemb_table_release(v);
+  dynemb_table_release(t);
+  dynemb_table_drop("delta_merge");
+  dynemb_table_drop("delta_merge_u");
+  dynemb_table_drop("delta_merge_v");
+  dynemb_table_drop("delta_merge_small");
+}
+
+/* A long chain (paths to the base would outgrow PATH_MAX if they were
+ * not made canonical at each link) still loads. */
+static void test_long_chain(void) {
+  dynemb_table *t = make("delta_long", 1, DYNEMB_OPT_SGD, 0, 0);
+  if (!t) return;
+  enum { LINKS = 300 };
+  char d[600], last[600];
+  int64_t k = 5;
+  float out[1], g[1] = {1.0f}; /* (each link's one change: a gradient step) */
+  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, out));
+  int deltas = 0;
+  for (int i = 0; i < LINKS; i++) {
+    snprintf(d, sizeof d, "%s/long-model-%06d", base, i);
+    CHECK_OK(dynemb_apply(t, &k, 1, g, -1.0f, NULL));
+    int is_delta = 0;
+    CHECK_OK(dynemb_checkpoint_save_incremental(d, &t, 1, 0, &is_delta));
+    deltas += is_delta;
+  }
+  snprintf(last, sizeof last, "%s", d);
+  CHECK(deltas == LINKS - 1);
+  dynemb_snapshot s, now;
+  CHECK_OK(dynemb_checkpoint_read(last, "delta_long", &s));
+  CHECK_OK(dynemb_table_snapshot(t, &now));
+  CHECK(s.rows == 1 && same_snaps(&s, &now));
+  dynemb_snapshot_free(&s);
+  dynemb_snapshot_free(&now);
+  CHECK_OK(dynemb_checkpoint_verify(last));
+  dynemb_table_release(t);
+  dynemb_table_drop("delta_long");
+}
+
 int main(void) {
   const char *tmp = getenv("TMPDIR");
   snprintf(base, sizeof base, "%s/dynemb-delta-%d", tmp && *tmp ? tmp : "/tmp",
@@ -353,6 +466,9 @@ int main(void) {
   RUN(test_delta_size);
   RUN(test_crash_during_delta);
   RUN(test_errors);
+  RUN(test_full_save_into_a_delta_refused);
+  RUN(test_chain_load_is_a_full_load);
+  RUN(test_long_chain);
   rm_tree(base);
   dynemb_registry_clear();
   return check_summary();
