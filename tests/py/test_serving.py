@@ -177,3 +177,163 @@ def test_graph_without_tables_exports_unchanged(tmp_path):
     got, _ = _load_and_run(str(tmp_path / "m"), {"x": np.array([1, 2], np.float32)})
     np.testing.assert_array_equal(got, [3, 6])
     assert not os.path.exists(tmp_path / "m" / "assets")
+
+
+# ---- cases found by review: each exported, then loaded with stock ops ----
+
+def test_iterator_input_loads(tmp_path):
+    """A signature input from an iterator's get_next: the kept iterator
+    was colocated with the pruned dataset (every import failed)."""
+    t, opt = _table()
+    ds = tf.data.Dataset.from_tensor_slices(np.arange(8, dtype=np.int64)).batch(4).repeat()
+    it = tf.compat.v1.data.make_initializable_iterator(ds)
+    ids = it.get_next()
+    rows = dynemb.sparse_lookup(t, ids, is_train=True)
+    train = opt.minimize(tf.reduce_sum(rows ** 2))
+    with tf.compat.v1.Session() as s:
+        s.run(it.initializer)
+        s.run(train)
+        s.run(train)
+        ref = s.run(dynemb.sparse_lookup(t, tf.constant([0, 1, 2, 3], tf.int64),
+                                         is_train=False))
+        dynemb.export_saved_model(s, str(tmp_path / "m"), {"ids": ids}, {"out": rows})
+    got, _ = _load_and_run(str(tmp_path / "m"), {"ids": np.arange(4)})
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_empty_table_serves_the_default(tmp_path):
+    t, _ = _table()
+    ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+    rows = dynemb.sparse_lookup(t, ids, is_train=False, serving_default_value=[1, 2, 3])
+    with tf.compat.v1.Session() as s:
+        dynemb.export_saved_model(s, str(tmp_path / "m"), {"ids": ids}, {"out": rows})
+    got, _ = _load_and_run(str(tmp_path / "m"), {"ids": np.array([5, 6])})
+    np.testing.assert_array_equal(got, [[1, 2, 3], [1, 2, 3]])
+
+
+@pytest.mark.parametrize("how", ["export_saved_model", "simple_save"])
+def test_the_models_own_assets_travel_with_it(tmp_path, how):
+    """A vocabulary file of the graph (ASSET_FILEPATHS) is copied into the
+    model and read from there: the model loads after the original is gone."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("apple\nbanana\n")
+    t, _ = _table()
+    words = tf.compat.v1.placeholder(tf.string, [None], name="words")
+    index = tf.lookup.StaticHashTable(tf.lookup.TextFileInitializer(
+        str(vocab), tf.string, tf.lookup.TextFileIndex.WHOLE_LINE, tf.int64,
+        tf.lookup.TextFileIndex.LINE_NUMBER), -1)
+    rows = dynemb.sparse_lookup(t, index.lookup(words), is_train=True)
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.tables_initializer())
+        s.run(rows, {words: ["apple", "banana"]})
+        ref = s.run(dynemb.sparse_lookup(t, index.lookup(words), is_train=False),
+                    {words: ["banana", "cherry"]})
+        if how == "simple_save":
+            tf.compat.v1.saved_model.simple_save(
+                s, str(tmp_path / "m"), {"words": words}, {"out": rows},
+                legacy_init_op=tf.compat.v1.tables_initializer())
+        else:
+            dynemb.export_saved_model(s, str(tmp_path / "m"), {"words": words}, {"out": rows})
+    assert "vocab.txt" in os.listdir(tmp_path / "m" / "assets")
+    os.remove(vocab)
+    got, _ = _load_and_run(str(tmp_path / "m"), {"words": np.array([b"banana", b"cherry"])})
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_several_meta_graphs_share_the_tables_files(tmp_path):
+    """Tables whose file names collide ("a/b", "a_b"), in two meta graphs of
+    one SavedModel: each serves its own rows."""
+    ta = dynemb.create_table(tf.int64, 2, "a/b", tf.compat.v1.ones_initializer())
+    tb = dynemb.create_table(tf.int64, 2, "a_b", tf.compat.v1.zeros_initializer())
+    ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+    ea, eb = [dynemb.sparse_lookup(t, ids, is_train=True) for t in (ta, tb)]
+    sig = tf.compat.v1.saved_model.signature_def_utils.predict_signature_def
+    with tf.compat.v1.Session() as s:
+        s.run([ea, eb], {ids: [1]})
+        b = tf.compat.v1.saved_model.Builder(str(tmp_path / "m"))
+        b.add_meta_graph_and_variables(s, ["serve"], {"serving_default": sig(
+            {"ids": ids}, {"a": ea, "b": eb})})
+        b.add_meta_graph(["b_only"], {"serving_default": sig({"ids": ids}, {"b": eb})})
+        b.save()
+    got, _ = _load_and_run(str(tmp_path / "m"), {"ids": np.array([1])}, output="a")
+    np.testing.assert_array_equal(got, [[1, 1]])
+    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+        mg = tf.compat.v1.saved_model.loader.load(s, ["b_only"], str(tmp_path / "m"))
+        sg = mg.signature_def["serving_default"]
+        np.testing.assert_array_equal(
+            s.run(sg.outputs["b"].name, {sg.inputs["ids"].name: [1]}), [[0, 0]])
+
+
+def test_lookup_in_a_tf1_while_loop_is_a_clear_error(tmp_path):
+    tf.compat.v1.disable_control_flow_v2()
+    try:
+        t, _ = _table()
+        ids = tf.compat.v1.placeholder(tf.int64, [None, 2], name="ids")
+        out = tf.map_fn(lambda r: tf.reduce_sum(dynemb.sparse_lookup(t, r, is_train=False), 0),
+                        ids, dtype=tf.float32)
+        with tf.compat.v1.Session() as s:
+            with pytest.raises(ValueError, match="inside the TF1 while loop"):
+                dynemb.export_saved_model(s, str(tmp_path / "m"), {"ids": ids}, {"out": out})
+    finally:
+        tf.compat.v1.enable_control_flow_v2()
+    assert not os.path.exists(tmp_path / "m")
+
+
+def test_remote_file_system_is_a_clear_error():
+    t, _ = _table()
+    ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+    rows = dynemb.sparse_lookup(t, ids, is_train=True)
+    with tf.compat.v1.Session() as s:
+        with pytest.raises(ValueError, match="TensorFlow file system"):
+            tf.compat.v1.saved_model.simple_save(s, "ram://dynemb-m", {"ids": ids},
+                                                 {"out": rows})
+
+
+def test_estimator_export_of_several_modes(tmp_path):
+    """experimental_export_all_saved_models: the second mode's meta graph
+    (add_meta_graph) leaves the tables' markers out of its saver too."""
+    from tensorflow_estimator.python.estimator.export.export import SupervisedInputReceiver
+
+    def model_fn(features, labels, mode):
+        opt = adagrad.create_hash_optimizer(0.1)
+        t = dynemb.create_table(tf.int64, 2, "est_modes", tf.compat.v1.ones_initializer(),
+                                optimizer_list=[opt])
+        logits = tf.reduce_sum(dynemb.sparse_lookup(t, features["ids"],
+                                                    is_train=mode == "train"), 1)
+        if mode == "infer":
+            return tf.estimator.EstimatorSpec(mode, predictions={"logits": logits})
+        loss = tf.reduce_mean(tf.square(logits - labels))
+        if mode == "eval":
+            return tf.estimator.EstimatorSpec(mode, loss=loss)
+        _, sparse = dynemb.get_dense_and_sparse_variable()
+        op = opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse),
+                                 global_step=tf.compat.v1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=op)
+
+    est = tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "md"))
+    est.train(lambda: tf.data.Dataset.from_tensors(({"ids": [[1], [2]]}, [1.0, 0.0])),
+              steps=1)
+
+    def predict_fn():
+        x = {"ids": tf.compat.v1.placeholder(tf.int64, [None, 1], name="ids")}
+        return tf.estimator.export.ServingInputReceiver(x, x)
+
+    def eval_fn():
+        x = {"ids": tf.compat.v1.placeholder(tf.int64, [None, 1], name="ids")}
+        y = tf.compat.v1.placeholder(tf.float32, [None], name="y")
+        return SupervisedInputReceiver(x, y, dict(x, y=y))
+
+    path = est.experimental_export_all_saved_models(
+        str(tmp_path / "exp"), {"infer": predict_fn, "eval": eval_fn}).decode()
+    want = [r["logits"] for r in est.predict(
+        lambda: tf.data.Dataset.from_tensors({"ids": [[1], [2], [7]]}))]
+    for tags in (["serve"], ["eval"]):
+        with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+            mg = tf.compat.v1.saved_model.loader.load(s, tags, path)
+            assert not [n.op for n in mg.graph_def.node if n.op in ("PyFunc",) or
+                        n.op.startswith("Dynemb")]
+            if tags == ["serve"]:
+                sig = mg.signature_def["serving_default"]
+                got = s.run(sig.outputs["logits"].name,
+                            {sig.inputs["ids"].name: [[1], [2], [7]]})
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)

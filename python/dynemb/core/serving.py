@@ -41,6 +41,7 @@ import tensorflow as tf
 from tensorflow.core.framework import node_def_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.core.framework import variable_pb2
+from tensorflow.core.protobuf import control_flow_pb2
 from tensorflow.python.framework import op_def_registry
 from tensorflow.python.saved_model import builder_impl
 
@@ -102,46 +103,73 @@ def _export_raw(table: str, keys_path: str, rows_path: str) -> tuple:
 GATHER_CHUNK = 16 << 20
 
 
+def _agree(error: Optional[str], data: bytes = b"") -> list:
+    """Every rank's `data`, in rank order; if any rank says `error`, every
+    rank raises it (so no rank waits on one that gave up)."""
+    w = _state._world()  # pylint: disable=protected-access
+    got = w.allgather(_state.EXPORT_CHANNEL,
+                      b"\x01" + error.encode(errors="replace") if error else b"\x00" + data)
+    for rank, g in enumerate(got):
+        if g[:1] == b"\x01":
+            raise RuntimeError("dynemb export: rank %d failed: %s"
+                               % (rank, g[1:].decode(errors="replace")))
+    return [g[1:] for g in got]
+
+
 def _gather_table(table: str, keys_path: str, rows_path: str) -> tuple:
     """Several ranks: every rank's rows of `table` (a replicated table: rank
     0's, which are all) into rank 0's files, streamed in parts of
-    GATHER_CHUNK bytes; every rank calls it at the same point. (rows, dim)
-    of the whole table, on every rank."""
-    import shutil
+    GATHER_CHUNK bytes; every rank calls it at the same point, and an error
+    on any rank is raised on every rank. (rows, dim) of the whole table."""
     import tempfile
     rank, size = _state.get_rank_id(), _state.get_rank_size()
-    w = _state._world()  # pylint: disable=protected-access
     tmp = tempfile.mkdtemp(prefix="dynemb-export-")
+    out_k = out_r = None
     try:
         mine_k, mine_r = os.path.join(tmp, "k"), os.path.join(tmp, "r")
-        n, dim = _export_raw(table, mine_k, mine_r)
-        counts = [int(x) for x in w.allgather(_state.EXPORT_CHANNEL, b"%d" % n)]
+        error, n, dim = None, 0, 0
+        try:
+            n, dim = _export_raw(table, mine_k, mine_r)
+            if rank == 0:
+                out_k, out_r = open(keys_path, "wb"), open(rows_path, "wb")
+        except Exception as e:  # pylint: disable=broad-except
+            error = str(e)
+        counts = [int(x) for x in _agree(error, b"%d" % n)]
         if table in _state.REPLICATED_TABLES:
             counts = counts[:1] + [0] * (size - 1)
-        out_k = open(keys_path, "wb") if rank == 0 else None
-        out_r = open(rows_path, "wb") if rank == 0 else None
-        try:
-            for src, count in enumerate(counts):
-                for mine, out, total in ((mine_k, out_k, 8 * count),
-                                         (mine_r, out_r, 4 * dim * count)):
-                    with open(mine, "rb") as f:
-                        for off in range(0, total, GATHER_CHUNK):
-                            part = f.read(min(GATHER_CHUNK, total - off)) \
-                                if rank == src else b""
-                            if src != 0:  # (rank 0's own rows need no exchange)
-                                part = w.allgather(_state.EXPORT_CHANNEL, part)[src]
-                            if out is not None:
-                                out.write(part)
-            if out_r is not None:  # the default row, last (every rank has it)
+        for src, count in enumerate(counts):
+            for mine, out, total in ((mine_k, out_k, 8 * count),
+                                     (mine_r, out_r, 4 * dim * count)):
+                with open(mine, "rb") as f:
+                    for off in range(0, total, GATHER_CHUNK):
+                        want = min(GATHER_CHUNK, total - off)
+                        part, error = b"", None
+                        if rank == src:
+                            part = f.read(want)
+                            if len(part) != want:
+                                error = "its rows file of table '%s' ended early" % table
+                        if src != 0:  # (rank 0's own rows need no exchange)
+                            part = _agree(error, part)[src]
+                        elif error:
+                            raise RuntimeError("dynemb export: " + error)
+                        if out is not None:
+                            out.write(part)
+        error = None
+        if out_r is not None:  # the default row, last (every rank has it)
+            try:
                 with open(mine_r, "rb") as f:
                     f.seek(4 * dim * n)
                     out_r.write(f.read(4 * dim))
-        finally:
-            for f in (out_k, out_r):
-                if f is not None:
-                    f.close()
+                out_k.close()
+                out_r.close()
+            except Exception as e:  # pylint: disable=broad-except
+                error = str(e)
+        _agree(error)  # (rank 0's files are complete, or every rank raises)
         return sum(counts), dim
     finally:
+        for f in (out_k, out_r):
+            if f is not None and not f.closed:
+                f.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -180,17 +208,22 @@ def _replacement(scope: str, tables: dict, lookups: list) -> tuple:
                 rfile = tf.constant(stem + "-rows.bin", name="rows_file")
                 assets += [(kfile.name, stem + "-keys.bin"), (rfile.name, stem + "-rows.bin")]
                 keys = tf.io.decode_raw(tf.io.read_file(kfile), tf.int64, little_endian=True)
+                # (a table without rows has no index: every key reads the default)
                 index = tf.compat.v1.lookup.StaticHashTable(
                     tf.lookup.KeyValueTensorInitializer(
                         tf.reshape(keys, [rows]), tf.range(rows, dtype=tf.int64)),
-                    default_value=tf.constant(rows, tf.int64), name="index")
+                    default_value=tf.constant(rows, tf.int64), name="index") if rows else None
                 values = tf.reshape(tf.io.decode_raw(tf.io.read_file(rfile), tf.float32,
                                                      little_endian=True), [rows + 1, dim])
                 var = tf.compat.v1.Variable(values, trainable=False, use_resource=True,
                                             collections=[], name="rows")
                 var_defs.append(var.to_proto())
-                table_inits.append(index.initializer.name)
-                inits += [index.initializer, var.initializer]
+                if index is not None:
+                    table_inits.append(index.initializer.name)
+                    inits.append(index.initializer)
+                else:
+                    inits.append(keys.op)  # (reads the empty file: the asset is used)
+                inits.append(var.initializer)
                 handles[name] = (index, var, dim)
         for j, (node, dtype) in enumerate(lookups):
             index, var, dim = handles[node.attr["table_name"].s.decode()]
@@ -199,7 +232,8 @@ def _replacement(scope: str, tables: dict, lookups: list) -> tuple:
                 flat = tf.reshape(ids, [-1])
                 if dtype != tf.int64:
                     flat = tf.cast(flat, tf.int64)
-                rows_of = tf.gather(var, index.lookup(flat))
+                rows_of = tf.gather(var, index.lookup(flat) if index is not None
+                                    else tf.zeros_like(flat))
                 out = tf.identity(rows_of, name="embeddings")
             outputs[out.op.name] = node.name
             templates[ids.op.name] = node
@@ -229,7 +263,8 @@ def _signature_nodes(mg: Any) -> Iterator[tuple]:
             for arg, info in infos.items():
                 names = [info.name] if info.name else [
                     info.coo_sparse.values_tensor_name, info.coo_sparse.indices_tensor_name,
-                    info.coo_sparse.dense_shape_tensor_name]
+                    info.coo_sparse.dense_shape_tensor_name] + [
+                    c.name for c in info.composite_tensor.components]
                 for n in names:
                     if n:
                         yield "signature '%s' %s '%s'" % (key, kind, arg), _node_of(n)
@@ -354,15 +389,62 @@ def _clean_collections(mg: Any, keep: set) -> None:
             del mg.collection_def[key]
 
 
-def rewrite_meta_graph(mg: Any, export_dir: str) -> list:
+def _assets_to_file_defs(mg: Any) -> None:
+    """The v1 builder records the graph's own assets (vocabularies: the
+    ASSET_FILEPATHS collection) in collection saved_model_assets; loaders
+    read that collection only when asset_file_def is empty, which the
+    tables' assets would make it not: move them into asset_file_def."""
+    col = mg.collection_def.get(_ASSET_COLLECTION)
+    if col is None:
+        return
+    have = {a.tensor_info.name for a in mg.asset_file_def}
+    for item in col.any_list.value:
+        a = meta_graph_pb2.AssetFileDef()
+        item.Unpack(a)
+        if a.tensor_info.name not in have:
+            mg.asset_file_def.add().CopyFrom(a)
+    del mg.collection_def[_ASSET_COLLECTION]
+
+
+def _check_no_while_loop(mg: Any, lookups: list) -> None:
+    """A lookup inside a TF1 while loop (tf.map_fn, tf.while_loop without
+    control flow v2) would need the loop's frame for its replacement."""
+    col = mg.collection_def.get("while_context")
+    if col is None:
+        return
+    for raw in col.bytes_list.value:
+        w = control_flow_pb2.WhileContextDef()
+        w.ParseFromString(raw)
+        prefix = w.context_name.rsplit("/", 1)[0] + "/"
+        inside = [n.name for n in lookups if n.name.startswith(prefix)]
+        if inside:
+            raise ValueError(
+                "dynemb export: lookup '%s' runs inside the TF1 while loop '%s' (tf.map_fn "
+                "or tf.while_loop without control flow v2), which the serving graph "
+                "cannot rebuild; look the ids up before the loop (one lookup of all the "
+                "ids, then index the rows inside it), or enable control flow v2"
+                % (inside[0], w.context_name))
+
+
+def rewrite_meta_graph(mg: Any, export_dir: str, written: Optional[dict] = None) -> list:
     """Rewrites meta graph `mg` in place for serving (see the module doc),
-    writing the tables' files into `export_dir`/assets. Returns the names
-    of the tables exported (none: `mg` is left as it is)."""
+    writing the tables' files into `export_dir`/assets (`written`: the
+    tables this export already wrote, name -> (stem, rows, dim), shared by
+    its meta graphs and updated). Returns the names of the tables exported
+    (none: `mg` is left as it is)."""
     gd = mg.graph_def
     nodes = {n.name: n for n in gd.node}
     lookups = [n for n in gd.node if n.op in LOOKUP_TYPES]
     if not lookups and not any(_is_dynemb(n.op) for n in gd.node):
         return []
+    if "://" in export_dir:
+        raise ValueError(
+            "dynemb export: '%s' is on a TensorFlow file system; the tables' files are "
+            "written by the engine to a local directory: export to a local path, then "
+            "copy the directory (e.g. gsutil cp -r / hdfs dfs -put)" % export_dir)
+    _check_no_while_loop(mg, lookups)
+    _assets_to_file_defs(mg)
+    written = {} if written is None else written
     names = list(dict.fromkeys(n.attr["table_name"].s.decode() for n in lookups))
     removed = _removed(nodes, {n.name for n in lookups})
     init_name = _init_node(mg)
@@ -383,17 +465,21 @@ def rewrite_meta_graph(mg: Any, export_dir: str) -> list:
     if not used:
         logger.info("dynemb export: no signature reads a dynemb table; nothing to export")
 
+    # (checked before any table is written)
+    _functions_used(gd, [n for n in gd.node if n.name in keep])
     scope = _scope_free(gd)
     assets_dir = os.path.join(export_dir, ASSETS)
     os.makedirs(assets_dir, exist_ok=True)
-    stems: set = set()
+    stems = {t[0] for t in written.values()}
     tables = {}
     for name in dict.fromkeys(n.attr["table_name"].s.decode() for n in used):
-        stem = _file_stem(name, stems)
-        rows, dim = _write_table(name, assets_dir, stem)
-        tables[name] = (stem, rows, dim)
-        logger.debug("dynemb export: table '%s': %d rows x %d written to %s", name, rows,
-                     dim, assets_dir)
+        if name not in written:  # (each table once per export, whatever its meta graphs)
+            stem = _file_stem(name, stems)
+            rows, dim = _write_table(name, assets_dir, stem)
+            written[name] = (stem, rows, dim)
+            logger.debug("dynemb export: table '%s': %d rows x %d written to %s", name,
+                         rows, dim, assets_dir)
+        tables[name] = written[name]
     if tables and _state.get_rank_id() == 0:
         logger.info("dynemb export: %d table(s), %d rows, %.1f MB written to %s",
                     len(tables), sum(t[1] for t in tables.values()),
@@ -431,6 +517,16 @@ def rewrite_meta_graph(mg: Any, export_dir: str) -> list:
     functions = _functions_used(gd, kept)
     library = [f for f in gd.library.function if f.signature.name in functions]
     gradients = [gr for gr in gd.library.gradient if gr.function_name in functions]
+    final_names = {n.name for n in kept + new_nodes}
+    for n in kept:  # (colocation with a pruned node would fail every import)
+        if "_class" in n.attr:
+            locs = [c for c in n.attr["_class"].list.s
+                    if not c.startswith(b"loc:@") or c[5:].decode() in final_names]
+            if locs:
+                del n.attr["_class"].list.s[:]
+                n.attr["_class"].list.s.extend(locs)
+            else:
+                del n.attr["_class"]
     del gd.node[:]
     gd.node.extend(kept + new_nodes)
     del gd.library.function[:]
@@ -501,6 +597,8 @@ def _exporting() -> Iterator[None]:
 _orig_tag_and_add = builder_impl._SavedModelBuilder._tag_and_add_meta_graph  # pylint: disable=protected-access
 _orig_add_v1 = builder_impl.SavedModelBuilder.add_meta_graph_and_variables
 _orig_add_v2 = builder_impl._SavedModelBuilder.add_meta_graph_and_variables  # pylint: disable=protected-access
+_orig_meta_v1 = builder_impl.SavedModelBuilder.add_meta_graph
+_orig_meta_v2 = builder_impl._SavedModelBuilder.add_meta_graph  # pylint: disable=protected-access
 
 
 def _tag_and_add(self, meta_graph_def, tags, signature_def_map):
@@ -509,8 +607,11 @@ def _tag_and_add(self, meta_graph_def, tags, signature_def_map):
             for k, v in signature_def_map.items():
                 meta_graph_def.signature_def[k].CopyFrom(v)
         export_dir = self._export_dir  # pylint: disable=protected-access
+        if not hasattr(self, "_dynemb_tables"):
+            self._dynemb_tables = {}  # (the tables written for this SavedModel)
         rewrite_meta_graph(meta_graph_def, export_dir.decode()
-                           if isinstance(export_dir, bytes) else str(export_dir))
+                           if isinstance(export_dir, bytes) else str(export_dir),
+                           self._dynemb_tables)
     return _orig_tag_and_add(self, meta_graph_def, tags, signature_def_map)
 
 
@@ -543,6 +644,23 @@ def _add(orig: Any, self: Any, sess: Any, tags: Any, *args: Any, **kwargs: Any) 
         return orig(*bound.args, **bound.kwargs)
 
 
+def _add_meta(orig: Any, self: Any, tags: Any, *args: Any, **kwargs: Any) -> Any:
+    """add_meta_graph (an Estimator's second and later modes): its saver
+    leaves the tables' markers out too."""
+    bound = inspect.signature(orig).bind(self, tags, *args, **kwargs)
+    bound.arguments["saver"] = _serving_saver(tf.compat.v1.get_default_graph(),
+                                              bound.arguments.get("saver"))
+    return orig(*bound.args, **bound.kwargs)
+
+
+def _meta_v1(self, tags, *args, **kwargs):
+    return _add_meta(_orig_meta_v1, self, tags, *args, **kwargs)
+
+
+def _meta_v2(self, tags, *args, **kwargs):
+    return _add_meta(_orig_meta_v2, self, tags, *args, **kwargs)
+
+
 def _add_v1(self, sess, tags, *args, **kwargs):
     return _add(_orig_add_v1, self, sess, tags, *args, **kwargs)
 
@@ -556,14 +674,16 @@ def _estimator_export(orig: Any) -> Any:
     (each restores its part of the tables and sends its rows to rank 0),
     rank 0 writes the one model; every rank returns its path."""
     def export(self, export_dir_base, *args, **kwargs):
-        if _state.get_rank_size() == 1:
+        if _state.get_rank_size() == 1 or getattr(_EXPORTING, "estimator", False):
             return orig(self, export_dir_base, *args, **kwargs)
         import tempfile
         rank0 = _state.get_rank_id() == 0
         base = export_dir_base if rank0 else tempfile.mkdtemp(prefix="dynemb-export-rank-")
+        _EXPORTING.estimator = True  # (one wrapper per call, whatever calls it)
         try:
             out = orig(self, base, *args, **kwargs)
         finally:
+            _EXPORTING.estimator = False
             if not rank0:
                 shutil.rmtree(base, ignore_errors=True)
         paths = _state._world().allgather(  # pylint: disable=protected-access
@@ -581,9 +701,18 @@ def patch_builders() -> None:
     builder_impl._SavedModelBuilder._tag_and_add_meta_graph = _tag_and_add  # pylint: disable=protected-access
     builder_impl.SavedModelBuilder.add_meta_graph_and_variables = _add_v1
     builder_impl._SavedModelBuilder.add_meta_graph_and_variables = _add_v2  # pylint: disable=protected-access
-    est = getattr(getattr(tf, "estimator", None), "Estimator", None)
-    if est is not None and not getattr(est.export_saved_model, "_dynemb", False):
-        est.export_saved_model = _estimator_export(est.export_saved_model)
+    builder_impl.SavedModelBuilder.add_meta_graph = _meta_v1
+    builder_impl._SavedModelBuilder.add_meta_graph = _meta_v2  # pylint: disable=protected-access
+    try:  # the base class of tf.estimator.Estimator and tf.compat.v1's
+        from tensorflow_estimator.python.estimator import estimator as est_mod
+    except ImportError:  # (TensorFlow >= 2.16 has no Estimator)
+        return
+    for cls in {est_mod.Estimator, getattr(est_mod, "EstimatorV2", est_mod.Estimator)}:
+        for meth in ("export_saved_model", "experimental_export_all_saved_models",
+                     "export_savedmodel"):
+            fn = cls.__dict__.get(meth)
+            if fn is not None and not getattr(fn, "_dynemb", False):
+                setattr(cls, meth, _estimator_export(fn))
 
 
 def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
@@ -635,6 +764,8 @@ def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
             builder.add_meta_graph_and_variables(
                 sess, tags or [tf.compat.v1.saved_model.tag_constants.SERVING],
                 signature_def_map={signature_name: sig},
+                assets_collection=graph.get_collection(
+                    tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
                 main_op=tf.compat.v1.tables_initializer())
         builder.save()
         os.rename(tmp, target)
