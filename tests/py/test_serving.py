@@ -337,3 +337,26 @@ def test_estimator_export_of_several_modes(tmp_path):
                 got = s.run(sig.outputs["logits"].name,
                             {sig.inputs["ids"].name: [[1], [2], [7]]})
                 np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.pinned_only
+@pytest.mark.skipif(not __import__("shutil").which("mpirun") or not os.path.isfile(
+    os.path.join(os.path.dirname(__file__), "..", "..", "build", "tf",
+                 "_dynemb_sharded_ops.so")), reason="needs Open MPI's mpirun and make ops")
+def test_an_export_error_on_one_rank_fails_every_rank_at_once(tmp_path):
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "mpi", "export_fault.py")
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
+               DYNEMB_EXCHANGE_TIMEOUT="120")
+    r = subprocess.run(["timeout", "-k", "5", "200", "mpirun", "--oversubscribe",
+                        "--allow-run-as-root", "-np", "2", sys.executable, script,
+                        str(tmp_path / "m")], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = sorted(l for l in r.stdout.splitlines() if l.startswith("RESULT"))
+    assert len(lines) == 2, r.stdout
+    for line in lines:
+        took = float(line.split("seconds=")[1].split()[0])
+        assert took < 30, line  # (not the exchange's 120 s timeout)
+        assert "next=True" in line and "rank 1 failed" in line and "'t'" in line, line
+    assert not os.path.exists(tmp_path / "m")
