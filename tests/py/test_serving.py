@@ -360,3 +360,21 @@ def test_an_export_error_on_one_rank_fails_every_rank_at_once(tmp_path):
         assert took < 30, line  # (not the exchange's 120 s timeout)
         assert "next=True" in line and "rank 1 failed" in line and "'t'" in line, line
     assert not os.path.exists(tmp_path / "m")
+
+
+def test_repeated_exports_do_not_grow_the_graph(tmp_path):
+    t, opt = _table()
+    ids, rows, train = _train(t, opt, None)
+    with tf.compat.v1.Session() as s:
+        s.run(train, {ids: [1, 1, 2, 2]})
+        sizes = []
+        for k in range(3):
+            dynemb.export_saved_model(s, str(tmp_path / ("m%d" % k)), {"ids": ids},
+                                      {"out": rows})
+            sizes.append(len(s.graph.get_operations()))
+    assert sizes[1] == sizes[2] == sizes[0], sizes
+    from tensorflow.core.protobuf import saved_model_pb2
+    sm = saved_model_pb2.SavedModel()
+    sm.ParseFromString((tmp_path / "m2" / "saved_model.pb").read_bytes())
+    gather = [n for n in sm.meta_graphs[0].graph_def.node if n.op == "ResourceGather"]
+    assert gather and "validate_indices" not in gather[0].attr  # (defaults stripped)

@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import threading
+import weakref
 from typing import Any, Iterable, Iterator, Optional
 
 import tensorflow as tf
@@ -42,7 +43,7 @@ from tensorflow.core.framework import node_def_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 from tensorflow.core.framework import variable_pb2
 from tensorflow.core.protobuf import control_flow_pb2
-from tensorflow.python.framework import op_def_registry
+from tensorflow.python.framework import meta_graph, op_def_registry
 from tensorflow.python.saved_model import builder_impl
 
 from dynemb import _lib, _state
@@ -500,6 +501,13 @@ def rewrite_meta_graph(mg: Any, export_dir: str, written: Optional[dict] = None)
             return ref.replace(node, outputs[node], 1)
         return ref
 
+    # Default-valued attributes of the new nodes are left out (what
+    # strip_default_attrs does), so that older TensorFlow Serving releases,
+    # whose op definitions lack newer attributes, load the model too.
+    scratch = meta_graph_pb2.MetaGraphDef()
+    scratch.graph_def.CopyFrom(rgd)
+    meta_graph.strip_graph_default_valued_attrs(scratch)
+    rgd = scratch.graph_def
     new_nodes = []
     for n in rgd.node:
         if n.name in templates:
@@ -615,6 +623,11 @@ def _tag_and_add(self, meta_graph_def, tags, signature_def_map):
     return _orig_tag_and_add(self, meta_graph_def, tags, signature_def_map)
 
 
+# graph -> ((variables, saveables), the saver made for them): a training
+# graph that exports every N steps gets one saver, not one per export.
+_SAVERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _serving_saver(graph: tf.Graph, saver: Any) -> Any:
     """The builder's saver without the tables' checkpoint markers (their
     rows are in the assets, and a marker's save runs Python): the given
@@ -623,6 +636,12 @@ def _serving_saver(graph: tf.Graph, saver: Any) -> Any:
             if isinstance(s, TABLE_SAVEABLES)]
     if not ours or graph.finalized:
         return saver
+    if saver is None:
+        key = (len(graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)),
+               len(graph.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)))
+        cached = _SAVERS.get(graph)
+        if cached is not None and cached[0] == key:
+            return cached[1]
     var_list = getattr(saver, "_var_list", None) if saver is not None else None
     if var_list is None:
         var_list = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) + \
@@ -632,9 +651,12 @@ def _serving_saver(graph: tf.Graph, saver: Any) -> Any:
     else:
         var_list = [v for v in var_list if not isinstance(v, TABLE_SAVEABLES)]
     with graph.as_default():
-        return tf.compat.v1.train.Saver(
+        out = tf.compat.v1.train.Saver(
             var_list=var_list, sharded=True, allow_empty=True,
             write_version=tf.compat.v1.train.SaverDef.V2)
+    if saver is None:
+        _SAVERS[graph] = (key, out)
+    return out
 
 
 def _add(orig: Any, self: Any, sess: Any, tags: Any, *args: Any, **kwargs: Any) -> Any:
@@ -715,6 +737,20 @@ def patch_builders() -> None:
                 setattr(cls, meth, _estimator_export(fn))
 
 
+_TABLE_INITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _tables_initializer(graph: tf.Graph) -> tf.Operation:
+    """The graph's tables' initializer, made once per set of tables."""
+    n = len(graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS))
+    cached = _TABLE_INITS.get(graph)
+    if cached is None or cached[0] != n:
+        with graph.as_default():
+            cached = (n, tf.compat.v1.tables_initializer())
+        _TABLE_INITS[graph] = cached
+    return cached[1]
+
+
 def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
                        tags: Optional[list] = None,
                        signature_name: str = "serving_default") -> str:
@@ -766,7 +802,7 @@ def export_saved_model(sess: Any, export_dir: str, inputs: dict, outputs: dict,
                 signature_def_map={signature_name: sig},
                 assets_collection=graph.get_collection(
                     tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
-                main_op=tf.compat.v1.tables_initializer())
+                main_op=_tables_initializer(graph))
         builder.save()
         os.rename(tmp, target)
     finally:
