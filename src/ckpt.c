@@ -743,16 +743,23 @@ static int delta_read(ckpt_dir *d, const char *name, dynemb_snapshot *snap,
   return rc;
 }
 
+/* Table `name` of full checkpoint `d`, read whole into `snap` (NULL:
+ * verified only). */
+static int full_read(ckpt_dir *d, const char *name, dynemb_snapshot *snap) {
+  const dynemb_manifest_entry *e = dir_find(d, name);
+  dynemb_ckpt_header h;
+  int rc = e ? dir_read_table(d, e, 0, &h, snap, NULL) : DYNEMB_ENOTFOUND;
+  if (!rc) dynemb_ckpt_header_free(&h);
+  return rc;
+}
+
 static int read_at(const char *dir, const char *name, dynemb_snapshot *snap,
                    int depth) {
   ckpt_dir d;
   int rc = dir_open(dir, &d);
   if (rc) return rc;
   if (!d.m.parent) {
-    const dynemb_manifest_entry *e = dir_find(&d, name);
-    dynemb_ckpt_header h;
-    rc = e ? dir_read_table(&d, e, 0, &h, snap, NULL) : DYNEMB_ENOTFOUND;
-    if (!rc) dynemb_ckpt_header_free(&h);
+    rc = full_read(&d, name, snap);
     dir_close(&d);
     return rc;
   }
@@ -961,6 +968,9 @@ int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
 static int load_full(const char *dir, dynemb_table *t, const char *name,
                      unsigned flags, uint32_t shard_index, uint32_t shard_count,
                      const dynemb_load_options *opts);
+static int load_read(const char *dir, dynemb_table *t, const char *name,
+                     unsigned flags, uint32_t shard_index, uint32_t shard_count,
+                     const dynemb_load_options *opts);
 
 /* Verifies every file of table `name` along the chain from `dir` down to
  * its full checkpoint, before the table changes. */
@@ -969,10 +979,7 @@ static int verify_chain(const char *dir, const char *name, int depth) {
   int rc = dir_open(dir, &d);
   if (rc) return rc;
   if (!d.m.parent) {
-    const dynemb_manifest_entry *e = dir_find(&d, name);
-    dynemb_ckpt_header h;
-    rc = e ? dir_read_table(&d, e, 0, &h, NULL, NULL) : DYNEMB_ENOTFOUND;
-    if (!rc) dynemb_ckpt_header_free(&h);
+    rc = full_read(&d, name, NULL);
     dir_close(&d);
     return rc;
   }
@@ -1062,20 +1069,7 @@ int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
     /* The chain merged in memory and imported once: all or nothing, and
      * exactly a full checkpoint's load. (A table on the SSD tier loaded
      * with REPLACE streams the full checkpoint and applies the deltas.) */
-    dynemb_snapshot snap;
-    int rc = dynemb_checkpoint_read(dir, name, &snap);
-    if (rc) return rc;
-    int dim = dynemb_table_dim(t);
-    if (snap.dim != dim) {
-      rc = dim_error(dir, name, snap.dim, dynemb_table_name(t), dim);
-    } else {
-      apply_options(opts, snap.last_access, snap.rows, snap.cand_last_access,
-                    &snap.candidates);
-      rc = dynemb_table_import(t, &snap, flags, shard_index, shard_count);
-      if (rc) rc = load_error(rc, dir, name);
-    }
-    dynemb_snapshot_free(&snap);
-    return rc;
+    return load_read(dir, t, name, flags, shard_index, shard_count, opts);
   }
   rc0 = verify_chain(dir, name, 0);
   if (!rc0)
@@ -1108,12 +1102,20 @@ static int load_full(const char *dir, dynemb_table *t, const char *name,
     dir_close(&d);
     return rc;
   }
+  return load_read(dir, t, name, flags, shard_index, shard_count, opts);
+}
+
+/* Reads table `name` of checkpoint `dir` whole (a chain merged) and imports
+ * it in one dynemb_table_import: checked before the table changes. */
+static int load_read(const char *dir, dynemb_table *t, const char *name,
+                     unsigned flags, uint32_t shard_index, uint32_t shard_count,
+                     const dynemb_load_options *opts) {
   dynemb_snapshot snap;
   int rc = dynemb_checkpoint_read(dir, name, &snap);
   if (rc) return rc;
   int dim = dynemb_table_dim(t);
   if (snap.dim != dim) {
-    rc = dim_error(dir, name, snap.dim, tname, dim);
+    rc = dim_error(dir, name, snap.dim, dynemb_table_name(t), dim);
   } else {
     /* (rows_only zeroes the count only: the arrays are freed by pointer) */
     apply_options(opts, snap.last_access, snap.rows, snap.cand_last_access,

@@ -184,9 +184,9 @@ def chain_dirs(sparse: str) -> set:
     """The sparse directories that Saver checkpoint directory `sparse` (all
     its rank parts) needs: itself and those its incremental parts build
     on, down to full checkpoints."""
-    out, todo = set(), [os.path.normpath(sparse)]
-    while todo:
-        d = todo.pop()
+    out, pending = set(), [os.path.normpath(sparse)]
+    while pending:
+        d = pending.pop()
         if d in out or not os.path.isdir(d):
             continue
         out.add(d)
@@ -198,7 +198,7 @@ def chain_dirs(sparse: str) -> set:
             base = checkpoint_base(part) if os.path.isfile(
                 os.path.join(part, "MANIFEST")) else None
             if base:
-                todo.append(os.path.dirname(base) if _PART.match(os.path.basename(base))
+                pending.append(os.path.dirname(base) if _PART.match(os.path.basename(base))
                             else base)
     return out
 

@@ -28,7 +28,6 @@ what it trained.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import inspect
 import os
@@ -375,15 +374,6 @@ def _clean_collections(mg: Any, keep: set) -> None:
                     vals.append(raw)
             del col.bytes_list.value[:]
             col.bytes_list.value.extend(vals)
-        elif col.HasField("bytes_list") and key == _ASSET_COLLECTION:
-            vals = []
-            for raw in col.bytes_list.value:
-                a = meta_graph_pb2.AssetFileDef()
-                a.ParseFromString(raw)
-                if _node_of(a.tensor_info.name) in keep:
-                    vals.append(raw)
-            del col.bytes_list.value[:]
-            col.bytes_list.value.extend(vals)
         elif col.HasField("bytes_list"):
             # Control-flow contexts, savers, queue runners of the training
             # graph: serving does not need them, and they name removed nodes.
@@ -586,20 +576,8 @@ def _strip_op_list(mg: Any) -> None:
 # The builders
 # --------------------------------------------------------------------------
 
+# Per thread: inside an Estimator export wrapper (several ranks).
 _EXPORTING = threading.local()
-
-
-@contextlib.contextmanager
-def _exporting() -> Iterator[None]:
-    """The builder's Saver.save writes the dense variables only: the tables
-    go into the assets."""
-    depth = getattr(_EXPORTING, "depth", 0)
-    _EXPORTING.depth = depth + 1
-    try:
-        with tables_not_saved():
-            yield
-    finally:
-        _EXPORTING.depth = depth
 
 
 _orig_tag_and_add = builder_impl._SavedModelBuilder._tag_and_add_meta_graph  # pylint: disable=protected-access
@@ -662,7 +640,7 @@ def _serving_saver(graph: tf.Graph, saver: Any) -> Any:
 def _add(orig: Any, self: Any, sess: Any, tags: Any, *args: Any, **kwargs: Any) -> Any:
     bound = inspect.signature(orig).bind(self, sess, tags, *args, **kwargs)
     bound.arguments["saver"] = _serving_saver(sess.graph, bound.arguments.get("saver"))
-    with _exporting():
+    with tables_not_saved():  # (the tables go into the assets)
         return orig(*bound.args, **bound.kwargs)
 
 
