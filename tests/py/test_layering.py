@@ -50,6 +50,7 @@ LAYERS = {
     "dynemb.core.warm_start": 3,
     "dynemb.core.serving": 3,
     "dynemb.graph.modification": 3,
+    "dynemb.graph.slicing": 3,
     "dynemb.optimizers.base": 3,
     # 4. mxRec's module paths: thin faces that re-export.
     "dynemb.core": 4,

@@ -150,7 +150,10 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
 
     # 1. Trace everything first: an error leaves the graph untouched.
     lookups: List[_Lookup] = []
+    in_place = [r for r in records if r.get("orphan_in_place")]
     for r in records:
+        if r.get("orphan_in_place"):  # an eval lookup OrphanLookupKeySlicerHook left
+            continue
         what = (f"ids of lookup '{r['op'].name}' (table '{r['table'].table_name}', "
                 f"sparse_lookup(..., modify_graph=True))")
         try:
@@ -158,6 +161,9 @@ def modify_graph_and_start_emb_cache(full_graph: Optional[tf.Graph] = None,
         except TraceError as e:
             raise GraphModificationError(str(e)) from None
     _check_table_modes(graph, lookups)
+    for r in in_place:
+        rewrite.drop_guard(r["op"])
+        _state.modification_state(graph).done.add(r["op"].name)
     groups: "OrderedDict[str, List[_Lookup]]" = OrderedDict()
     for lk in lookups:
         groups.setdefault(lk.trace.get_next.name, []).append(lk)

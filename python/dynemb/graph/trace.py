@@ -98,7 +98,7 @@ def walk(tensor: tf.Tensor):
         if op.type in GET_NEXT_TYPES:
             sources[op.name] = op
             continue
-        problem = _replay_problem(op)
+        problem = replay_problem(op)
         if problem:
             blockers.append(problem)
             continue
@@ -141,7 +141,7 @@ def trace_to_iterator(tensor: tf.Tensor, what: str) -> Trace:
     return Trace(tensor=tensor, get_next=sources[0], ops=order)
 
 
-def _replay_problem(op: tf.Operation) -> Optional[str]:
+def replay_problem(op: tf.Operation) -> Optional[str]:
     """Why `op` cannot be replayed in a dataset function, or None if it can."""
     if op.type in _NOT_REPLAYABLE:
         return f"{_describe(op)} (fed or control flow)"
@@ -171,17 +171,26 @@ def replay(trace: Trace, components: List[tf.Tensor]) -> tf.Tensor:
     (colocation and other internal ``_`` attributes dropped); control inputs are
     not copied.
     """
-    outs = trace.get_next.outputs if trace.get_next is not None else []
+    return replay_ops(trace.get_next, trace.ops, components)[trace.tensor.name]
+
+
+def replay_ops(get_next: Optional[tf.Operation], ops: List[tf.Operation],
+               components: List[tf.Tensor], prefix: str = "replay") -> Dict[str, tf.Tensor]:
+    """Copies `ops` (in an order where inputs come first, computed from
+    `get_next`'s outputs and constants) into the current default graph, with
+    `components` standing for `get_next`'s outputs; returns old tensor name ->
+    copy, for every output of `ops` (and the components)."""
+    outs = get_next.outputs if get_next is not None else []
     if len(components) != len(outs):
         raise ValueError(f"replay: {len(components)} components for {len(outs)} outputs "
-                         f"of '{trace.get_next.name}'")
+                         f"of '{get_next.name}'")
     mapping: Dict[str, tf.Tensor] = {t.name: c for t, c in zip(outs, components)}
     graph = tf.compat.v1.get_default_graph()
-    for op in trace.ops:
+    for op in ops:
         inputs = [mapping[t.name] for t in op.inputs]
         attrs = {k: v for k, v in op.node_def.attr.items() if not k.startswith("_")}
         copy = graph.create_op(op.type, inputs, dtypes=[t.dtype for t in op.outputs],
-                               attrs=attrs, name="replay/" + op.name.replace("/", "_"))
+                               attrs=attrs, name=prefix + "/" + op.name.replace("/", "_"))
         for old, new in zip(op.outputs, copy.outputs):
             mapping[old.name] = new
-    return mapping[trace.tensor.name]
+    return mapping
