@@ -15,6 +15,7 @@ from dynemb.core.data_parallel import (BroadcastGlobalVariablesHook, Distributed
 from dynemb.core.asc.feature_spec import FeatureSpec
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
+from dynemb.core.eos import patch_dataset as _patch_dataset
 from dynemb.core.feature_process import EvictHook
 from dynemb.core.serving import export_saved_model, patch_builders as _patch_builders
 from dynemb.core.table_stats import TableStatsHook, add_table_summaries
@@ -44,6 +45,8 @@ _patch_saver()
 # SavedModel builders (Estimator.export_saved_model, simple_save, ...) turn the
 # tables into stock TensorFlow ops (docs/serving.md).
 _patch_builders()
+# Datasets get mxRec's eos_map (ranks end their data together; dynemb.core.eos).
+_patch_dataset()
 
 __all__ = [
     "DynembError", "EmbeddingTable", "EvictHook", "TableStatsHook", "add_table_summaries", "ConfigInitializer", "FeatureSpec",

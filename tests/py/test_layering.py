@@ -46,6 +46,7 @@ LAYERS = {
     "dynemb.core.asc.lookups": 3,
     "dynemb.core.asc.insert": 3,
     "dynemb.core.eviction": 3,
+    "dynemb.core.eos": 3,
     "dynemb.core.table_stats": 3,
     "dynemb.core.warm_start": 3,
     "dynemb.core.serving": 3,
