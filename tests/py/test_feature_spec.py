@@ -50,8 +50,10 @@ def test_insert_func_argument_errors():
     two = [FeatureSpec("u", table_name="a"), FeatureSpec("u", table_name="b")]
     get_asc_insert_func(tgt_key_specs=two)
     assert [s.name for s in two] == ["u", "u_1"]
-    with pytest.raises(NotImplementedError, match="tgt_key_specs"):
+    with pytest.raises(NotImplementedError, match="tgt_key_specs.*modify_graph=True"):
         get_asc_insert_func(args_index_list=[0], table_names=["t"])
+    with pytest.raises(NotImplementedError, match="args_index_list"):
+        get_asc_insert_func(None, [0], ["t"])   # mxRec's positional order
     ds = tf.data.Dataset.from_tensor_slices({"x": np.arange(4)}).batch(2)
     with pytest.raises(KeyError, match="'user'"):
         ds.map(get_asc_insert_func(tgt_key_specs=[FeatureSpec("user", table_name="t")],

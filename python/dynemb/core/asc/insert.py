@@ -53,8 +53,8 @@ def _pipeline_clock(specs: Sequence[FeatureSpec], features: Dict[str, Any]) -> t
 
 
 def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec], None] = None,
-                        args_index_list: Any = None, feature_counts: Any = None,
-                        table_names: Any = None, is_training: bool = True,
+                        args_index_list: Any = None, table_names: Any = None, *,
+                        feature_counts: Any = None, is_training: bool = True,
                         dump_graph: Union[bool, str] = False, **kwargs: Any) -> Callable:
     """The function to ``dataset.map`` (after batching) in FeatureSpec mode.
 
@@ -70,8 +70,11 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
     if tgt_key_specs is None or args_index_list is not None or feature_counts is not None \
             or table_names is not None:
         raise NotImplementedError(
-            "get_asc_insert_func: only the tgt_key_specs=[FeatureSpec(...), ...] form is "
-            "supported (not args_index_list/feature_counts/table_names)")
+            "get_asc_insert_func: the args_index_list/table_names form (mxRec's automatic "
+            "graph modification builds it from the lookups' ids) is not available; pass "
+            "tgt_key_specs=[FeatureSpec(...), ...], or give the lookups modify_graph=True "
+            "and call modify_graph_and_start_emb_cache(), which sends their ids from the "
+            "pipeline itself")
     specs = [tgt_key_specs] if isinstance(tgt_key_specs, FeatureSpec) else list(tgt_key_specs)
     for s in specs:
         if not isinstance(s, FeatureSpec):
