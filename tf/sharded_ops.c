@@ -23,10 +23,11 @@
  *       rank's rows in one dynemb_apply (so each key is updated once per
  *       step with the gradient summed over ranks, as for the global batch);
  *       `average` divides the rows by the rank count first.
- *   DynembAllreduce tensors (float) -> reduced: the elementwise sum, mean
- *       or rank 0's values (broadcast) on every rank: a reduce-scatter and
- *       an all-gather, summing in rank order so every rank gets the same
- *       bits.
+ *   DynembAllreduce tensors (float, double, int32 or int64; one type per
+ *       op) -> reduced: the elementwise sum, mean (float types), product,
+ *       max, min or rank 0's values (broadcast) on every rank: a
+ *       reduce-scatter and an all-gather, reducing in rank order so every
+ *       rank gets the same bits.
  *
  * Every part a rank sends begins with a status word: a rank whose kernel
  * failed still takes part in the exchange with a nonzero status, so its
@@ -48,7 +49,8 @@ typedef struct sstate {
   int reduction; /* allreduce */
 } sstate;
 
-enum { REDUCE_SUM, REDUCE_MEAN, REDUCE_BROADCAST };
+enum { REDUCE_SUM, REDUCE_MEAN, REDUCE_BROADCAST, REDUCE_PROD, REDUCE_MAX,
+       REDUCE_MIN };
 
 static void delete_sstate(void *p) {
   sstate *k = p;
@@ -84,15 +86,18 @@ static void *create_sharded(TF_OpKernelConstruction *c, const char *what) {
   if (strcmp(what, "allreduce") == 0) {
     char *r = get_string_attr(c, "reduction", st);
     if (!r) goto fail;
-    k->reduction = strcmp(r, "mean") == 0        ? REDUCE_MEAN
-                   : strcmp(r, "broadcast") == 0 ? REDUCE_BROADCAST
-                                                 : REDUCE_SUM;
-    int known =
-        !strcmp(r, "sum") || !strcmp(r, "mean") || !strcmp(r, "broadcast");
+    static const char *const names[] = {"sum",  "mean", "broadcast",
+                                        "prod", "max",  "min"};
+    int known = 0;
+    for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
+      if (!strcmp(r, names[i])) {
+        k->reduction = i; /* the enum's order */
+        known = 1;
+      }
     if (!known)
       TF_SetStatus(st, TF_INVALID_ARGUMENT,
-                   "dynemb allreduce: reduction must be 'sum', 'mean' or "
-                   "'broadcast'");
+                   "dynemb allreduce: reduction must be 'sum', 'mean', "
+                   "'prod', 'max', 'min' or 'broadcast'");
     free(r);
     if (!known) goto fail;
   } else {
@@ -819,6 +824,44 @@ static void chunk(int64_t total, int n, int r, int64_t *lo, int64_t *hi) {
   *hi = total * (r + 1) / n;
 }
 
+/* acc[i] = acc[i] (op) v[i] for n elements of one type; integers add and
+ * multiply as unsigned (wrapping, as TensorFlow's integer ops do, instead of
+ * overflowing); max and min keep a NaN. */
+#define COMBINE(T, U)                                                      \
+  do {                                                                     \
+    T *a = acc;                                                            \
+    const T *b = v;                                                        \
+    for (size_t i = 0; i < n; i++) switch (red) {                          \
+        case REDUCE_PROD: a[i] = (T)((U)a[i] * (U)b[i]); break;            \
+        case REDUCE_MAX:                                                   \
+          if (b[i] > a[i] || b[i] != b[i]) a[i] = b[i];                    \
+          break;                                                           \
+        case REDUCE_MIN:                                                   \
+          if (b[i] < a[i] || b[i] != b[i]) a[i] = b[i];                    \
+          break;                                                           \
+        default: a[i] = (T)((U)a[i] + (U)b[i]); break;                     \
+      }                                                                    \
+  } while (0)
+
+static void combine(TF_DataType type, int red, void *acc, const void *v,
+                    size_t n) {
+  switch (type) {
+  case TF_DOUBLE: COMBINE(double, double); break;
+  case TF_INT32: COMBINE(int32_t, uint32_t); break;
+  case TF_INT64: COMBINE(int64_t, uint64_t); break;
+  default: COMBINE(float, float); break;
+  }
+}
+#undef COMBINE
+
+/* acc[i] /= ranks, for the mean of a floating type. */
+static void divide(TF_DataType type, void *acc, size_t n, int ranks) {
+  if (type == TF_DOUBLE)
+    for (size_t i = 0; i < n; i++) ((double *)acc)[i] /= (double)ranks;
+  else
+    for (size_t i = 0; i < n; i++) ((float *)acc)[i] /= (float)ranks;
+}
+
 static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   const sstate *k = p;
   dynemb_comm *c = world(ctx, k, "allreduce");
@@ -832,42 +875,52 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   const int n_in = TF_GetCode(st) == TF_OK ? range.stop - range.start : 0;
   TF_Tensor **in = calloc((size_t)(n_in ? n_in : 1), sizeof *in);
   int64_t *first = calloc((size_t)n_in + 1, sizeof *first);
-  float *flat = NULL, *mine = NULL;
+  char *flat = NULL, *mine = NULL, *part = NULL;
   char *send = NULL, *recv = NULL, *gathered = NULL;
   parts pt = {0};
   int64_t status = 0, total = 0;
+  TF_DataType type = TF_FLOAT;
+  size_t es = sizeof(float);
   if (TF_GetCode(st) != TF_OK || !in || !first || parts_alloc(&pt, n_ranks)) {
     fail(ctx, TF_INTERNAL, "dynemb allreduce: cannot read its inputs");
     status = PART_FAILED;
   }
   for (int i = 0; !status && i < n_in; i++) {
     TF_GetInput(ctx, range.start + i, &in[i], st);
-    if (TF_GetCode(st) != TF_OK || TF_TensorType(in[i]) != TF_FLOAT) {
-      fail(ctx, TF_INVALID_ARGUMENT,
-           "dynemb allreduce: tensor %d is not float32; cast it with "
-           "tf.cast(t, tf.float32)",
-           i);
+    if (TF_GetCode(st) != TF_OK) {
+      fail(ctx, TF_INTERNAL, "dynemb allreduce: cannot read tensor %d", i);
       status = PART_FAILED;
       break;
     }
+    if (i == 0) { /* (the op's definition gives all tensors one type) */
+      type = TF_TensorType(in[0]);
+      es = TF_DataTypeSize(type);
+    }
     first[i + 1] = first[i] + TF_TensorElementCount(in[i]);
+  }
+  if (!status && k->reduction == REDUCE_MEAN && type != TF_FLOAT &&
+      type != TF_DOUBLE) {
+    fail(ctx, TF_INVALID_ARGUMENT,
+         "dynemb allreduce: 'mean' of integer tensors; reduce with 'sum' and "
+         "divide, or cast them to a float type first");
+    status = PART_FAILED;
   }
   if (!status) total = first[n_in];
   if (!pt.soff) goto done; /* (the peers time out naming this rank) */
-  if (!status && !(flat = malloc((size_t)(total ? total : 1) * sizeof *flat))) {
+  if (!status && !(flat = malloc((size_t)(total ? total : 1) * es))) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb allreduce: out of memory");
     status = PART_FAILED;
   }
   for (int i = 0; !status && i < n_in; i++)
-    memcpy(flat + first[i], TF_TensorData(in[i]),
-           (size_t)(first[i + 1] - first[i]) * sizeof *flat);
+    memcpy(flat + (size_t)first[i] * es, TF_TensorData(in[i]),
+           (size_t)(first[i + 1] - first[i]) * es);
   /* Reduce-scatter: rank r gets everyone's chunk r. */
   size_t bytes = 0;
   for (int r = 0; r < n_ranks; r++) {
     int64_t lo, hi;
     chunk(total, n_ranks, r, &lo, &hi);
     pt.soff[r] = bytes;
-    pt.slen[r] = REDUCE_HEAD + (status ? 0 : (size_t)(hi - lo) * sizeof(float));
+    pt.slen[r] = REDUCE_HEAD + (status ? 0 : (size_t)(hi - lo) * es);
     bytes += pt.slen[r];
   }
   if (!(send = malloc(bytes))) {
@@ -876,12 +929,14 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
     goto done;
   }
   for (int r = 0; r < n_ranks; r++) {
-    int64_t head[2] = {status, total}, lo, hi;
+    /* The head carries the type in its high bits so that ranks reducing
+     * different types fail as ranks reducing different sizes do. */
+    int64_t head[2] = {status, total | ((int64_t)type << 48)}, lo, hi;
     memcpy(send + pt.soff[r], head, sizeof head);
     chunk(total, n_ranks, r, &lo, &hi);
     if (!status && hi > lo)
-      memcpy(send + pt.soff[r] + REDUCE_HEAD, flat + lo,
-             (size_t)(hi - lo) * sizeof(float));
+      memcpy(send + pt.soff[r] + REDUCE_HEAD, flat + (size_t)lo * es,
+             (size_t)(hi - lo) * es);
   }
   if (exchange(ctx, c, k, "allreduce", send, pt.soff, pt.slen, (void **)&recv,
                pt.roff, pt.rlen)) {
@@ -893,41 +948,42 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   chunk(total, n_ranks, me, &lo, &hi);
   const size_t mine_n = (size_t)(hi - lo);
   int64_t own_status = status || bad >= 0 ? PART_FAILED : 0;
+  const int64_t want = total | ((int64_t)type << 48);
   for (int r = 0; !own_status && r < n_ranks; r++) {
     int64_t head[2] = {0, -1};
     if (pt.rlen[r] >= REDUCE_HEAD) memcpy(head, recv + pt.roff[r], sizeof head);
-    if (head[1] != total) {
+    if (head[1] != want) {
       fail(ctx, TF_FAILED_PRECONDITION,
-           "dynemb allreduce: rank %d reduces %lld values, rank %d %lld; "
-           "every rank must reduce the same tensors (same model, same "
-           "shapes)",
-           me, (long long)total, r, (long long)head[1]);
+           "dynemb allreduce: rank %d reduces %lld values of type %d, rank %d "
+           "%lld of type %d; every rank must reduce the same tensors (same "
+           "model, same shapes and dtypes)",
+           me, (long long)total, (int)type, r,
+           (long long)(head[1] & ((INT64_C(1) << 48) - 1)),
+           (int)(head[1] >> 48));
       own_status = status = PART_FAILED;
     }
   }
-  if (!(mine = calloc(mine_n ? mine_n : 1, sizeof *mine))) {
+  mine = calloc(mine_n ? mine_n : 1, es);
+  part = malloc((mine_n ? mine_n : 1) * es);
+  if (!mine || !part) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb allreduce: out of memory");
     exchange_failed(c, k, &pt, n_ranks, 1);
     goto done;
   }
   if (!own_status) {
     /* In rank order, the same on every rank: every rank gets the same
-     * bits. */
+     * bits. (Parts are copied out first: they need not be aligned.) */
     for (int r = 0; r < n_ranks; r++) {
       if (k->reduction == REDUCE_BROADCAST && r != 0) continue;
-      const float *part = (const float *)(recv + pt.roff[r] + REDUCE_HEAD);
-      for (size_t i = 0; i < mine_n; i++) {
-        float v;
-        memcpy(&v, part + i, sizeof v);
-        mine[i] = r == 0 ? v : mine[i] + v;
-      }
+      memcpy(r == 0 ? mine : part, recv + pt.roff[r] + REDUCE_HEAD,
+             mine_n * es);
+      if (r > 0) combine(type, k->reduction, mine, part, mine_n);
     }
-    if (k->reduction == REDUCE_MEAN)
-      for (size_t i = 0; i < mine_n; i++) mine[i] /= (float)n_ranks;
+    if (k->reduction == REDUCE_MEAN) divide(type, mine, mine_n, n_ranks);
   }
   /* All-gather: every rank gets every reduced chunk. */
   free(send);
-  const size_t gbytes = REDUCE_HEAD + (own_status ? 0 : mine_n * sizeof(float));
+  const size_t gbytes = REDUCE_HEAD + (own_status ? 0 : mine_n * es);
   if (!(send = malloc(gbytes))) {
     fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb allreduce: out of memory");
     exchange_failed(c, k, &pt, n_ranks, 1);
@@ -935,7 +991,7 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   }
   int64_t head[2] = {own_status, total};
   memcpy(send, head, sizeof head);
-  if (!own_status) memcpy(send + REDUCE_HEAD, mine, mine_n * sizeof(float));
+  if (!own_status) memcpy(send + REDUCE_HEAD, mine, mine_n * es);
   for (int r = 0; r < n_ranks; r++) {
     pt.soff[r] = 0;
     pt.slen[r] = gbytes;
@@ -954,7 +1010,7 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
   for (int r = 0; r < n_ranks; r++) {
     int64_t rlo, rhi;
     chunk(total, n_ranks, r, &rlo, &rhi);
-    if (pt.rlen[r] != REDUCE_HEAD + (size_t)(rhi - rlo) * sizeof(float)) {
+    if (pt.rlen[r] != REDUCE_HEAD + (size_t)(rhi - rlo) * es) {
       fail(ctx, TF_INTERNAL,
            "dynemb allreduce: rank %d sent a chunk of the "
            "wrong size",
@@ -962,8 +1018,8 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
       goto done;
     }
     if (rhi > rlo)
-      memcpy(flat + rlo, gathered + pt.roff[r] + REDUCE_HEAD,
-             (size_t)(rhi - rlo) * sizeof(float));
+      memcpy(flat + (size_t)rlo * es, gathered + pt.roff[r] + REDUCE_HEAD,
+             (size_t)(rhi - rlo) * es);
   }
   for (int i = 0; i < n_in; i++) {
     int nd = TF_NumDims(in[i]);
@@ -976,10 +1032,10 @@ static void allreduce_compute(void *p, TF_OpKernelContext *ctx) {
       goto done;
     }
     for (int d = 0; d < nd; d++) dims[d] = TF_Dim(in[i], d);
-    TF_Tensor *o = output(ctx, i, TF_FLOAT, dims, nd, sizeof(float));
+    TF_Tensor *o = output(ctx, i, type, dims, nd, es);
     if (!o) goto done;
-    memcpy(TF_TensorData(o), flat + first[i],
-           (size_t)(first[i + 1] - first[i]) * sizeof(float));
+    memcpy(TF_TensorData(o), flat + (size_t)first[i] * es,
+           (size_t)(first[i + 1] - first[i]) * es);
     TF_DeleteTensor(o);
   }
 done:
@@ -989,6 +1045,7 @@ done:
   free(first);
   free(flat);
   free(mine);
+  free(part);
   free(send);
   free(recv);
   free(gathered);
@@ -1016,7 +1073,8 @@ __attribute__((constructor)) static void dynemb_register_sharded_ops(void) {
       LIST("applied: int64"), create_apply, apply_compute, delete_sstate);
   register_op_kernel("DynembAllreduce",
                      LIST("reduction: string = 'sum'", "channel: int",
-                          "ranks: int", "K: int >= 1"),
-                     LIST("tensors: K * float"), LIST("reduced: K * float"),
+                          "ranks: int", "K: int >= 1",
+                          "T: {float, double, int32, int64} = DT_FLOAT"),
+                     LIST("tensors: K * T"), LIST("reduced: K * T"),
                      create_allreduce, allreduce_compute, delete_sstate);
 }

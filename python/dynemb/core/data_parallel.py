@@ -40,14 +40,15 @@ def _is_sparse_variable(var: Any) -> bool:
 
 
 def broadcast_global_variables(root_rank: int = 0) -> tf.Operation:
-    """An op giving every float32 global variable rank 0's value (one
-    exchange for all of them). Variables of other types are left as they
-    are: initialise them from constants. On one process, a no-op."""
+    """An op giving every float32, float64, int32 and int64 global variable
+    rank 0's value (one exchange per type). Variables of other types are
+    left as they are: initialise them from constants. On one process, a
+    no-op."""
     if root_rank != 0:
         raise ValueError("broadcast_global_variables(root_rank=%r): dynemb broadcasts "
                          "from rank 0" % (root_rank,))
     variables = [v for v in tf.compat.v1.global_variables()
-                 if v.dtype.base_dtype == tf.float32]
+                 if v.dtype.base_dtype in exchange.REDUCIBLE]
     if not exchange.several_ranks() or not variables:
         return tf.no_op(name="broadcast_global_variables")
     values = exchange.allreduce([v.read_value() for v in variables], "broadcast",
@@ -69,9 +70,9 @@ def allreduce_gradients(grads: Sequence[Any], average: bool = True) -> list:
     dense = []
     for i in at:
         g = tf.convert_to_tensor(grads[i])  # (IndexedSlices become dense)
-        if g.dtype != tf.float32:
+        if g.dtype not in (tf.float32, tf.float64):
             raise TypeError("allreduce_gradients: gradient %d is %s; dynemb reduces float32 "
-                            "gradients" % (i, g.dtype.name))
+                            "and float64 gradients" % (i, g.dtype.name))
         dense.append(g)
     out = list(grads)
     for i, g in zip(at, exchange.allreduce(dense, "mean" if average else "sum")):

@@ -95,19 +95,37 @@ def sharded_apply(table_name: str, keys: tf.Tensor, grads: tf.Tensor,
     return out
 
 
+REDUCIBLE = (tf.float32, tf.float64, tf.int32, tf.int64)
+
+
 def allreduce(tensors: Sequence[tf.Tensor], reduction: str = "sum",
               chain: Optional[Hashable] = None) -> list:
-    """float32 tensors reduced over all ranks ("sum", "mean", or "broadcast":
-    rank 0's values), in one exchange; every rank gets the same bits. The
+    """Tensors reduced over all ranks: "sum", "mean" (float types), "prod",
+    "max", "min", or "broadcast" (rank 0's values); one exchange per dtype
+    (float32, float64, int32, int64), every rank getting the same bits. The
     chain defaults to that of the exchanges the tensors come from."""
     tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for i, t in enumerate(tensors):
+        if t.dtype not in REDUCIBLE:
+            raise TypeError("allreduce: tensor %d is %s; dynemb reduces float32, float64, "
+                            "int32 and int64 tensors (cast it with tf.cast)"
+                            % (i, t.dtype.name))
+        if reduction == "mean" and t.dtype.is_integer:
+            raise TypeError("allreduce(reduction='mean'): tensor %d is %s; the mean of "
+                            "integers is not an integer: reduce with 'sum', or cast to a "
+                            "float type first" % (i, t.dtype.name))
     if chain is None:
         chain = chain_of_inputs(tensors)
-    out = _state.sharded_ops().dynemb_allreduce(
-        tensors=tensors, reduction=reduction, channel=_state.next_exchange_channel(),
-        ranks=_state.get_rank_size())
-    out = list(out)
-    for o, t in zip(out, tensors):
-        o.set_shape(t.shape)
-    _link(out[0].op, chain)
+    out: list = [None] * len(tensors)
+    for dtype in REDUCIBLE:
+        at = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+        if not at:
+            continue
+        reduced = list(_state.sharded_ops().dynemb_allreduce(
+            tensors=[tensors[i] for i in at], reduction=reduction,
+            channel=_state.next_exchange_channel(), ranks=_state.get_rank_size()))
+        for i, o in zip(at, reduced):
+            o.set_shape(tensors[i].shape)
+            out[i] = o
+        _link(reduced[0].op, chain)
     return out
