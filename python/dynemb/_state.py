@@ -250,6 +250,7 @@ _KNOWN = {
     "rank_id": 0, "rank_size": 1, "seed": None, "bind_cpu": True,
     "use_lccl": False, "is_incremental_checkpoint": False,
     "save_checkpoint_due_time": None, "save_delta_checkpoints_secs": None,
+    "restore_model_version": None, "recent_key_count_threshold": 0,
 }
 
 
@@ -265,6 +266,22 @@ def _check_incremental(cfg: dict) -> None:
     if not isinstance(cfg["is_incremental_checkpoint"], bool):
         raise TypeError("init(is_incremental_checkpoint=%r): pass True or False"
                         % (cfg["is_incremental_checkpoint"],))
+    v = cfg["restore_model_version"]
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise ValueError("init(restore_model_version=%r): pass the global step of the "
+                         "checkpoint to load (an int >= 0), or leave it out to load the "
+                         "latest" % (v,))
+    if v is not None and not cfg["is_incremental_checkpoint"]:
+        logger.warning("init(restore_model_version=%d) has an effect only with "
+                       "is_incremental_checkpoint=True (as in mxRec); Saver.restore loads "
+                       "the path it is given", v)
+    r = cfg["recent_key_count_threshold"]
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise ValueError("init(recent_key_count_threshold=%r): pass an int >= 0" % (r,))
+    if r:
+        logger.warning("init(recent_key_count_threshold=%d) has no effect: dynemb's "
+                       "incremental saves hold every row that changed since the last "
+                       "save, however often its key was seen", r)
     if cfg["is_incremental_checkpoint"] and (cfg["save_checkpoint_due_time"] is None or
                                              cfg["save_delta_checkpoints_secs"] is None):
         raise ValueError("init(is_incremental_checkpoint=True) needs "
@@ -437,6 +454,12 @@ class ConfigInitializer:
     @property
     def save_delta_checkpoints_secs(self) -> Optional[int]:
         return self.config["save_delta_checkpoints_secs"]
+
+    @property
+    def restore_model_version(self) -> Optional[int]:
+        """init(restore_model_version=...): with incremental checkpoints, the
+        global step Saver.restore loads instead of the one in its path."""
+        return self.config["restore_model_version"]
 
 
 def init(**kwargs: Any) -> None:

@@ -222,3 +222,32 @@ def test_two_ranks_chain_restores_onto_one_process(tmp_path):
     dynemb.restore_tables(str(tmp_path / "base"), [t])
     dynemb.restore_tables(str(tmp_path / "delta"), [t])
     _same(_state_of("inc"), want)
+
+
+def test_restore_model_version_picks_the_step(tmp_path):
+    """init(is_incremental_checkpoint=True, restore_model_version=V): Saver.restore
+    given any checkpoint of the prefix (as Estimator gives the latest) loads step
+    V, a full save or a delta, dense variables included."""
+    dynemb.init(is_incremental_checkpoint=True, save_checkpoint_due_time=100,
+                save_delta_checkpoints_secs=10, restore_model_version=2)
+    t, ids, train, _ = _model()
+    gs = tf.compat.v1.train.get_global_step()
+    saver = tf.compat.v1.train.Saver()
+    prefix = str(tmp_path / "model")
+    rng = np.random.default_rng(5)
+    states, steps = {}, {}
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        for step in (1, 2, 3):
+            _steps(s, ids, train, rng, 2)
+            saver.save(s, prefix, global_step=step, save_delta=step > 1)
+            states[step], steps[step] = _state_of("inc"), s.run(gs)
+        saver.restore(s, tf.train.latest_checkpoint(str(tmp_path)))   # step 3's path
+        _same(_state_of("inc"), states[2])
+        assert s.run(gs) == steps[2]
+        dynemb.init(is_incremental_checkpoint=True, save_checkpoint_due_time=100,
+                    save_delta_checkpoints_secs=10, restore_model_version=7)
+        with pytest.raises(ValueError, match=r"no checkpoint .*model-7.*saved steps: 1, 2, 3"):
+            saver.restore(s, prefix + "-3")
+    with pytest.raises(ValueError, match="restore_model_version"):
+        dynemb.init(restore_model_version="latest")

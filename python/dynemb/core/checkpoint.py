@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from dynemb import _lib, _state
 from dynemb.core.tables import EXPORT_FIELDS
+from dynemb.util.log import logger
 
 LEGACY_SUFFIX = ".dynemb"  # <checkpoint prefix>.dynemb: earlier versions' tiered rows
 SPARSE_PREFIX = "sparse-"   # <dir>/sparse-<prefix basename>: the tables' rows
@@ -456,7 +457,32 @@ def _restore_from_tensors(sess: Any, save_path: str, names: list[str]) -> None:
     del sess
 
 
+def _versioned(save_path: str) -> str:
+    """mxRec's init(is_incremental_checkpoint=True, restore_model_version=V):
+    Saver.restore loads the checkpoint of step V next to the one it is
+    given (`<dir>/<prefix>-V`), full or incremental."""
+    cfg = _state.ConfigInitializer._instance  # pylint: disable=protected-access
+    version = cfg.restore_model_version if cfg is not None else None
+    if version is None or not cfg.is_incremental_checkpoint or not save_path:
+        return save_path
+    directory, base = os.path.split(save_path)
+    m = re.match(r"^(.*?)(-\d+)?$", base)
+    path = os.path.join(directory, "%s-%d" % (m.group(1), version))
+    if path != save_path and not tf.io.gfile.exists(path + ".index"):
+        have = sorted(int(p.rsplit("-", 1)[1].split(".")[0]) for p in
+                      tf.io.gfile.glob(os.path.join(directory, m.group(1) + "-*.index")))
+        raise ValueError("init(restore_model_version=%d): there is no checkpoint '%s' (%s); "
+                         "pass one of the saved steps, or leave restore_model_version out "
+                         "to load the latest" % (version, path, "saved steps: " + ", ".join(
+                             map(str, have)) if have else "no checkpoint of that prefix"))
+    if path != save_path:
+        logger.info("Saver.restore: loading step %d (init(restore_model_version=%d)) "
+                    "instead of '%s'", version, version, save_path)
+    return path
+
+
 def _restore(self, sess, save_path):
+    save_path = _versioned(save_path)
     out = _orig_restore(self, sess, save_path)
     graph = getattr(sess, "graph", None)
     names = _saved_tables(graph) if graph is not None and save_path else []
