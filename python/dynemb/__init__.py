@@ -20,6 +20,7 @@ from dynemb.core.feature_process import EvictHook
 from dynemb.core.serving import export_saved_model, patch_builders as _patch_builders
 from dynemb.core.table_stats import TableStatsHook, add_table_summaries
 from dynemb.core.warm_start import WarmStartError, patch_tensorflow as _patch_tensorflow, warm_start
+from dynemb.graph.modification import patch_iterator as _patch_iterator
 from dynemb.graph.modifier import GraphModifierHook, modify_graph_and_start_emb_cache
 from dynemb.optimizers import adagrad, ftrl, gradient_descent, lazy_adam
 from dynemb.util.initialize import (ConfigInitializer, clear_channel, get_initializer,
@@ -47,6 +48,8 @@ _patch_saver()
 _patch_builders()
 # Datasets get mxRec's eos_map (ranks end their data together; dynemb.core.eos).
 _patch_dataset()
+# Iterators remember their batch's structure (get_target_batch returns it).
+_patch_iterator()
 
 __all__ = [
     "DynembError", "EmbeddingTable", "EvictHook", "TableStatsHook", "add_table_summaries", "ConfigInitializer", "FeatureSpec",

@@ -90,6 +90,9 @@ class GraphState:
         # (dynemb.core.exchange), which the next one waits for.
         self.exchange_tails: dict[Any, Any] = {}
         self.exchange_chain_of: dict[str, Any] = {}  # exchange op name -> its chain
+        # get_next op name -> the structure Iterator.get_next returned
+        # (dynemb.graph.modification.patch_iterator), for get_target_batch.
+        self.batch_structures: dict[str, Any] = {}
 
 
 @dataclass

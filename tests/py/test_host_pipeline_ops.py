@@ -270,8 +270,11 @@ def test_rebuilt_pipelines_through_train_params_config():
     with pytest.raises(GraphModificationError, match="modify_graph_and_start"):
         cfg.get_target_batch(True)
     modify_graph_and_start_emb_cache()
-    target = cfg.get_target_batch(True)
+    target = cfg.get_target_batch(True)   # the batch's own structure (a dict)
+    assert isinstance(target, dict) and sorted(target) == sorted(train_batch)
+    assert all(target[k] is not train_batch[k] for k in target)
     flat = tf.nest.flatten(train_batch)  # ids, label, timestamp
+    target = tf.nest.flatten(target)
     assert len(target) == 3 and all(a is not b for a, b in zip(target, flat))
     with tf.compat.v1.Session() as s:
         s.run(tf.compat.v1.global_variables_initializer())
@@ -285,7 +288,7 @@ def test_rebuilt_pipelines_through_train_params_config():
         want = {1: 120, 2: 100, 3: 141, 4: 142}
         assert _rows("mod") == want
         s.run(cfg.get_initializer(False))
-        eval_target = cfg.get_target_batch(False)
+        eval_target = tf.nest.flatten(cfg.get_target_batch(False))
         for stamp, ids in eval_steps:
             got_ids, _, got_ts, _ = s.run(eval_target + [ev])
             np.testing.assert_array_equal(got_ids, ids)

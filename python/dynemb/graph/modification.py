@@ -48,7 +48,7 @@ from dynemb.core.asc.lookups import start_asc_pipeline
 from dynemb.graph import rewrite
 from dynemb.graph.pipeline import PipelineError, extend_iterator
 from dynemb.graph.rewrite import GraphModificationError
-from dynemb.graph.trace import Trace, TraceError, replay, trace_to_iterator
+from dynemb.graph.trace import GET_NEXT_TYPES, Trace, TraceError, replay, trace_to_iterator
 from dynemb.util.log import logger
 
 DEFAULT_PREFETCH = 2
@@ -345,14 +345,14 @@ def _modified_state(graph: tf.Graph, is_training: bool,
     return st
 
 
-def get_target_batch(is_training: bool = True) -> List[tf.Tensor]:
+def get_target_batch(is_training: bool = True) -> Any:
     """The batch the train (True) or eval (False) lookups of the default graph
     read after modification: the outputs of the rebuilt pipeline's get_next
     (train; the original iterator's for eval, which is not rebuilt), in the
-    order of tf.nest.flatten of the original batch
-    (``tf.nest.pack_sequence_as(batch, ...)`` gives the batch's structure back).
-    Fetch these instead of the original get_next tensors, which still read
-    the original iterator."""
+    structure ``iterator.get_next()`` returned (a dict of features, a tuple,
+    ...; a list in tf.nest.flatten order for a get_next made before dynemb
+    was imported). Fetch these instead of the original get_next tensors,
+    which still read the original iterator."""
     graph = tf.compat.v1.get_default_graph()
     mode = "train" if is_training else "eval"
     st = _modified_state(graph, is_training, "get_target_batch")
@@ -369,7 +369,33 @@ def get_target_batch(is_training: bool = True) -> List[tf.Tensor]:
             f"get_target_batch({bool(is_training)}): {len(batches)} {mode} pipelines were "
             f"modified ({names}); there is one batch per pipeline: read the one you want "
             f"from its lookups' inputs")
-    return list(batches[0])
+    outputs = list(batches[0])
+    structure = _state.graph_state(graph).batch_structures.get(outputs[0].op.name)
+    if structure is None:
+        return outputs
+    return tf.nest.pack_sequence_as(structure, outputs[:len(tf.nest.flatten(structure))])
+
+
+def patch_iterator() -> None:
+    """Makes tf.compat.v1 iterators' get_next remember the structure of the
+    batch it returns (get_target_batch gives the rebuilt batch that shape)."""
+    from tensorflow.python.data.ops import iterator_ops
+    original = iterator_ops.Iterator.get_next
+    if getattr(original, "_dynemb", False):
+        return
+
+    def get_next(self, name=None):
+        out = original(self, name)
+        flat = tf.nest.flatten(out)
+        if flat and all(isinstance(t, tf.Tensor) and t.op is flat[0].op for t in flat) \
+                and flat[0].op.type in GET_NEXT_TYPES \
+                and [t.name for t in flat] == [t.name for t in flat[0].op.outputs]:
+            _state.graph_state(flat[0].graph).batch_structures[flat[0].op.name] = out
+        return out
+
+    get_next._dynemb = True  # pylint: disable=protected-access
+    get_next.__doc__ = original.__doc__
+    iterator_ops.Iterator.get_next = get_next
 
 
 class GraphModifierHook(tf.compat.v1.train.SessionRunHook):

@@ -30,6 +30,8 @@ from typing import Callable, List, Sequence
 import tensorflow as tf
 from tensorflow.python.ops import gen_functional_ops
 
+from dynemb import _state
+
 ExtraFn = Callable[[List[tf.Tensor]], List[tf.Tensor]]
 
 
@@ -115,6 +117,11 @@ def extend_iterator(get_next: tf.Operation, extra_fn: ExtraFn, *, prefetch: int 
                 new_inits.append(new_iter.make_initializer(ds))
         flat = tf.nest.flatten(new_iter.get_next())
     new_get_next = flat[0].op
+    structures = _state.graph_state(graph).batch_structures
+    if get_next.name in structures:  # the new batch has the old one's shape
+        old_structure = structures[get_next.name]  # (its leaves lead the outputs)
+        structures[new_get_next.name] = tf.nest.pack_sequence_as(
+            old_structure, flat[:len(tf.nest.flatten(old_structure))])
     for old, new in zip(get_next.outputs, flat[:n_old]):
         new.set_shape(old.shape)
         replace_uses(old, new)
