@@ -14,6 +14,8 @@ from dynemb.core.asc.feature_spec import FeatureSpec, admitted_key, tickets_key
 from dynemb.core.asc.helper import get_asc_insert_func
 from dynemb.core.asc.manager import start_asc_pipeline
 from dynemb.graph.rewrite import GraphModificationError
+from dynemb.optimizers import gradient_descent
+from table_export import export_sorted
 from test_graph_modify import _export, fs_lookup
 
 
@@ -28,8 +30,11 @@ def test_feature_spec_validation():
                                          "faae_coefficient": 1}
     assert FeatureSpec("u", table_name="t").access_and_evict_config is None
     assert FeatureSpec("u", table_name="t", index_key="uid").index_key == "uid"
-    with pytest.raises(ValueError, match="table_name is required"):
-        FeatureSpec("user")
+    assert FeatureSpec("user").table_name == "user"   # mxRec: the feature's name
+    assert FeatureSpec("u", index_key=0).index_key == 0
+    for bad in (-1, 256, "", True, 1.0):
+        with pytest.raises(ValueError, match="index_key must be"):
+            FeatureSpec("u", index_key=bad)
     assert FeatureSpec("user", table_name="t", faae_coefficient=4).faae_coefficient == 4
     for bad in (0, 2**31, 1.5, True):
         with pytest.raises(ValueError, match="faae_coefficient must be an int"):
@@ -162,3 +167,42 @@ def test_feature_specs_of_one_name_get_names_of_their_own():
     assert {s.index_key for s in specs} == {"user"}
     with pytest.raises(ValueError, match="given twice"):
         get_asc_insert_func(tgt_key_specs=[specs[0], specs[0]], is_training=False)
+
+
+def _train_tuple_or_dict(positional):
+    """4 steps of FeatureSpec training from dict or tuple-of-tensor elements."""
+    tf.compat.v1.reset_default_graph()
+    dynemb.clear_tables()
+    dynemb.init()
+    ids = np.array([[1, 2], [2, 3], [1, 4], [2, 2], [5, 1], [4, 4], [1, 3], [6, 2]], np.int64)
+    y = np.arange(8, dtype=np.float32) % 2
+    ds = tf.data.Dataset.from_tensor_slices((ids, y) if positional else {"u": ids, "y": y})
+    spec = FeatureSpec("u", table_name="t", access_threshold=2,
+                       **({"index_key": 0} if positional else {}))
+    ds = ds.batch(2).map(get_asc_insert_func(tgt_key_specs=[spec], is_training=True))
+    batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    t = dynemb.create_table(tf.int64, 2, "t", tf.compat.v1.constant_initializer(0.5))
+    emb = dynemb.sparse_lookup(t, spec, batch=batch)
+    label = batch[1] if positional else batch["y"]
+    loss = tf.reduce_sum(tf.reduce_sum(emb, axis=[1, 2]) * (label + 1))
+    opt = gradient_descent.create_hash_optimizer(learning_rate=0.1)
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    train = opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse))
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as s:
+        losses = [s.run([loss, train])[0] for _ in range(4)]
+    return losses, export_sorted("t")
+
+
+def test_feature_specs_by_tuple_position():
+    """mxRec's int index_key: elements that are tuples of tensors train as the
+    same features in a dict do."""
+    ref_losses, ref = _train_tuple_or_dict(False)
+    losses, got = _train_tuple_or_dict(True)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-6)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-6)
+    assert 0 < len(ref[0]) < 6   # admission left some ids out
+    ds = tf.data.Dataset.from_tensor_slices((np.arange(4), np.arange(4))).batch(2)
+    with pytest.raises(KeyError, match="must name a position"):
+        ds.map(get_asc_insert_func(tgt_key_specs=[FeatureSpec("u", table_name="t")]))

@@ -58,9 +58,10 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
                         dump_graph: Union[bool, str] = False, **kwargs: Any) -> Callable:
     """The function to ``dataset.map`` (after batching) in FeatureSpec mode.
 
-    Elements must be a dict of features, or a tuple whose first item is that dict
-    (e.g. ``(features, label)``); each spec's ids are ``features[spec.index_key]``
-    (int32/int64, any shape). is_training=False (eval pipelines) sends nothing to
+    Elements must be a dict of features, a tuple whose first item is that dict
+    (e.g. ``(features, label)``), or a tuple of tensors; each spec's ids are
+    ``features[spec.index_key]`` (for a tuple of tensors ``element[index_key]``,
+    an int position; int32/int64, any shape). is_training=False (eval pipelines) sends nothing to
     the engine: every id reads its row if it has one. dump_graph writes the
     function's graph as text (``$DYNEMB_GRAPH_DUMP_DIR`` or ./dynemb_graph_dump,
     or the directory given).
@@ -106,15 +107,25 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
 
     def insert_fn(*args: Any) -> Any:
         data = args[0] if len(args) == 1 else tuple(args)
+        positional = False
         if isinstance(data, dict):
             features, rest = dict(data), None
         elif isinstance(data, (tuple, list)) and data and isinstance(data[0], dict):
             features, rest = dict(data[0]), tuple(data[1:])
+        elif isinstance(data, (tuple, list)) and data:
+            # A tuple of tensors: FeatureSpecs name positions (index_key=0, 1, ...);
+            # the reserved components follow as a dict at the end.
+            features, rest, positional = dict(enumerate(data)), None, True
         else:
             raise TypeError("get_asc_insert_func: dataset elements must be a dict of "
-                            "features or a tuple (features dict, ...), got "
-                            f"{type(data).__name__}")
+                            "features, a tuple (features dict, ...) or a tuple of "
+                            f"tensors, got {type(data).__name__}")
         for s in specs:
+            if positional and not isinstance(s.index_key, int):
+                raise KeyError(f"get_asc_insert_func: the elements are a tuple of "
+                               f"{len(data)} tensors; FeatureSpec('{s.name}') must name a "
+                               f"position (index_key=0..{len(data) - 1}), not "
+                               f"{s.index_key!r}")
             if s.index_key not in features:
                 raise KeyError(f"get_asc_insert_func: FeatureSpec('{s.name}') reads batch key "
                                f"{s.index_key!r}, which the elements lack (keys: "
@@ -145,6 +156,9 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
             path = tf.io.write_graph(graph.as_graph_def(), dump_dir(dump_graph),
                                      f"asc_insert_{'train' if is_training else 'eval'}.pbtxt")
             logger.info("get_asc_insert_func: insert function graph written to %s", path)
+        if positional:
+            reserved = {k: v for k, v in features.items() if isinstance(k, str)}
+            return tuple(data) + (reserved,)
         if rest is None:
             return features
         return (features,) + rest

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from dynemb import _lib, _state
 from dynemb.constants.constants import ASCEND_TIMESTAMP
-from dynemb.core.asc.spec import FeatureSpec, admitted_key, tickets_key
+from dynemb.core.asc.spec import RESERVED_PREFIX, FeatureSpec, admitted_key, tickets_key
 from dynemb.core.tables import op_name
 from dynemb.graph import rewrite
 from dynemb.graph.rewrite import GraphModificationError
@@ -35,16 +35,26 @@ _HOW = ("call dynemb.core.asc.manager.start_asc_pipeline() after building the mo
         "modify_graph=False))")
 
 
-def batch_features(batch: Any, spec: FeatureSpec) -> Dict[str, Any]:
-    """The features dict of a get_next() result (dict, or tuple led by a dict)."""
+def _reserved(d: Any) -> bool:
+    return isinstance(d, dict) and bool(d) and all(
+        isinstance(k, str) and k.startswith(RESERVED_PREFIX) for k in d)
+
+
+def batch_features(batch: Any, spec: FeatureSpec) -> Dict[Any, Any]:
+    """The features of a get_next() result: its dict (a dict, or a tuple led
+    by one), or for a tuple of tensors (ended by the insert function's dict
+    of reserved components) the tensors by position with those components."""
     if isinstance(batch, dict):
         return batch
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], dict):
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], dict) \
+            and not _reserved(batch[0]):
         return batch[0]
+    if isinstance(batch, (tuple, list)) and len(batch) > 1 and _reserved(batch[-1]):
+        return dict(enumerate(batch[:-1]), **batch[-1])
     raise ValueError(
         f"sparse_lookup with FeatureSpec('{spec.name}') needs batch=iterator.get_next() "
-        f"(the dict of features, or a tuple whose first item is that dict), got "
-        f"{type(batch).__name__}")
+        f"(the dict of features, a tuple whose first item is that dict, or the tuple "
+        f"of tensors get_asc_insert_func mapped), got {type(batch).__name__}")
 
 
 def lookup_ids(spec: FeatureSpec, batch: Any, table: Any) -> tf.Tensor:

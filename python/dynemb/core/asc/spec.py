@@ -44,8 +44,9 @@ class FeatureSpec:
     """One id feature of the batch and the table it feeds.
 
     name: the feature's name; also its key in the batch dict unless index_key is
-    given. table_name: the dynemb table the ids are looked up in (required except
-    for the timestamp feature). access_threshold / eviction_threshold: the table's
+    given (a key, or a position for batches that are tuples of tensors).
+    table_name: the dynemb table the ids are looked up in (default: name; the
+    timestamp feature has none). access_threshold / eviction_threshold: the table's
     admission and eviction settings (as sparse_lookup's access_and_evict_config).
     is_timestamp: this feature holds the batch's data time in seconds; eviction
     then counts data time. batch_size: the number of ids per batch, if static
@@ -64,10 +65,14 @@ class FeatureSpec:
             raise ValueError(f"FeatureSpec: name must be a non-empty string, got {name!r}")
         self.name = name
         self.index_key = name if index_key is None else index_key
+        if isinstance(self.index_key, bool) or not (
+                isinstance(self.index_key, str) and 1 <= len(self.index_key) <= 255 or
+                isinstance(self.index_key, int) and 0 <= self.index_key <= 255):
+            raise ValueError(f"FeatureSpec('{name}'): index_key must be a batch key (1 to 255 "
+                             f"characters) or a tuple position (0 to 255), got {index_key!r}")
         self.is_timestamp = bool(is_timestamp)
         if table_name is None and not self.is_timestamp:
-            raise ValueError(f"FeatureSpec('{name}'): table_name is required (the table "
-                             f"these ids are looked up in)")
+            table_name = name  # (mxRec: the table of the feature's name)
         if self.is_timestamp and (access_threshold or eviction_threshold):
             raise ValueError(f"FeatureSpec('{name}'): a timestamp feature has no table, so "
                              f"no access_threshold / eviction_threshold")
