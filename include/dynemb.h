@@ -241,6 +241,16 @@ DYNEMB_API void dynemb_table_get_config(const dynemb_table *t,
  * candidates already counted keep their counts). */
 DYNEMB_API int dynemb_table_set_access_threshold(dynemb_table *t,
                                                  uint32_t threshold);
+/* Stops (counting = 0) or resumes (1) the counting of sightings for
+ * admission (mxRec's threshold 0, "non-accumulation mode"): while stopped,
+ * train lookups and prepares neither count keys without a row nor create
+ * candidates; such a key is admitted only if the count it already has
+ * reaches the threshold, and reads the default value otherwise. Keys with
+ * a row train as before; the threshold is unchanged. */
+DYNEMB_API int dynemb_table_set_admission_counting(dynemb_table *t,
+                                                   int counting);
+/* Whether the table counts sightings for admission (1, the default). */
+DYNEMB_API int dynemb_table_admission_counting(const dynemb_table *t);
 /* Changes the eviction threshold at run time (0 disables). */
 DYNEMB_API int dynemb_table_set_eviction_threshold(dynemb_table *t,
                                                    int64_t threshold);

@@ -39,7 +39,7 @@ typedef struct lookup_counts {
 static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
                          const int64_t *keys, const uint64_t *hs,
                          const uint32_t *miss, uint32_t nmiss, uint32_t now,
-                         uint32_t threshold, float *out,
+                         uint32_t threshold, int counting, float *out,
                          dynemb_ticket *tickets, dynemb_index_spare *spare,
                          lookup_counts *lc) {
   const uint32_t shard = (uint32_t)(sh - t->shards);
@@ -79,7 +79,15 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
       lc->hits++;
       continue;
     }
-    if (threshold > 1) {
+    if (!counting) { /* admitted only by the count it already has */
+      const dynemb_index_entry *c =
+          threshold > 1 ? dynemb_index_find(&sh->cands, key, h) : NULL;
+      if (!c || c->loc < threshold) {
+        if (dst) memcpy(dst, t->default_value, rbytes);
+        lc->rejected++;
+        continue;
+      }
+    } else if (threshold > 1) {
       dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);
       if (!c) {
         if (dynemb_index_reserve(&sh->cands, sh->cands.count + 1)) {
@@ -222,6 +230,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
     dynemb_ssd_batch_end(&t->ssd, &rb);
   }
   const uint32_t threshold = LOAD(&t->access_threshold);
+  const int counting = !LOAD(&t->counting_stopped);
   if (nmiss) {
     /* group the misses by shard, keeping batch order within a shard, and
      * (still under the read locks) note the shards whose index will have
@@ -235,7 +244,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       const dynemb_index *ix = &t->shards[s].rows;
       /* room for twice this call's misses: another thread may insert
        * into the shard before this one takes its lock */
-      grow[s] = cnt[s + 1] && threshold <= 1
+      grow[s] = cnt[s + 1] && threshold <= 1 && counting
                     ? dynemb_index_growth_for(ix, ix->count + 2 * cnt[s + 1])
                     : 0;
       cnt[s + 1] += cnt[s];
@@ -274,8 +283,8 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
         dynemb_index_spare spare = {NULL, 0, NULL};
         if (grow[s] > 0) (void)dynemb_index_spare_make(grow[s], &spare);
         rc = lookup_misses(t, &t->shards[s], keys, hs, order + begin,
-                           end - begin, now, threshold, out, tickets,
-                           &spare, lc);
+                           end - begin, now, threshold, counting, out,
+                           tickets, &spare, lc);
         dynemb_index_spare_free(&spare);
       }
       begin = end;

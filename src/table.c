@@ -275,6 +275,17 @@ int dynemb_table_set_access_threshold(dynemb_table *t, uint32_t threshold) {
   return DYNEMB_OK;
 }
 
+int dynemb_table_set_admission_counting(dynemb_table *t, int counting) {
+  dynemb_error_clear();
+  if (!t) return dynemb_table_null_error("dynemb_table_set_admission_counting");
+  STORE(&t->counting_stopped, counting ? 0u : 1u);
+  return DYNEMB_OK;
+}
+
+int dynemb_table_admission_counting(const dynemb_table *t) {
+  return t && !LOAD(&t->counting_stopped);
+}
+
 int dynemb_table_set_eviction_threshold(dynemb_table *t, int64_t threshold) {
   dynemb_error_clear();
   if (!t) return dynemb_table_null_error("dynemb_table_set_eviction_threshold");

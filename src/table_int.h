@@ -97,6 +97,7 @@ struct dynemb_table {
 
   /* Run-time settings and counters: relaxed __atomic accesses. */
   uint32_t access_threshold;
+  uint32_t counting_stopped; /* dynemb_table_set_admission_counting(t, 0) */
   int64_t eviction_threshold;
   uint64_t apply_steps;
   uint32_t clock; /* latest `now` of train lookups / imported rows */

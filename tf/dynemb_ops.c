@@ -39,7 +39,8 @@
  *   DynembStats   -> int64 [20] (dynemb_table_stats, in field order)
  *   DynembSetAccessThreshold threshold int64 scalar (0 .. 2^32-1) ->
  *                 previous int64 scalar: dynemb_table_set_access_threshold
- *                 (mxRec's set_threshold as an op the script runs)
+ *                 and counting resumed, or for 0 the counting of sightings
+ *                 stopped (mxRec's set_threshold as an op the script runs)
  *
  * Facts about TF 2.15.1's C API verified while writing this file:
  *  - tf.load_op_library calls no init symbol: registration runs from an
@@ -638,7 +639,13 @@ static void set_access_threshold_compute(void *p, TF_OpKernelContext *ctx) {
   dynemb_table_config cfg;
   memset(&cfg, 0, sizeof cfg);
   dynemb_table_get_config(t, &cfg);
-  int rc = dynemb_table_set_access_threshold(t, (uint32_t)threshold);
+  /* mxRec's 0: the threshold stays, the counting of sightings stops; any
+   * other threshold resumes it. */
+  int rc = threshold == 0 ? dynemb_table_set_admission_counting(t, 0)
+                          : dynemb_table_set_access_threshold(
+                                t, (uint32_t)threshold);
+  if (rc == DYNEMB_OK && threshold != 0)
+    rc = dynemb_table_set_admission_counting(t, 1);
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "set_access_threshold");
     goto done;

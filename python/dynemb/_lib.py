@@ -145,6 +145,8 @@ _SIGS = {
     "dynemb_table_row_floats": (ctypes.c_int, [_P]),
     "dynemb_table_get_config": (None, [_P, ctypes.POINTER(TableConfig)]),
     "dynemb_table_set_access_threshold": (ctypes.c_int, [_P, ctypes.c_uint32]),
+    "dynemb_table_set_admission_counting": (ctypes.c_int, [_P, ctypes.c_int]),
+    "dynemb_table_admission_counting": (ctypes.c_int, [_P]),
     "dynemb_key_shard": (ctypes.c_uint32, [ctypes.c_int64, ctypes.c_uint32]),
     "dynemb_table_set_eviction_threshold": (ctypes.c_int, [_P, ctypes.c_int64]),
     "dynemb_table_set_default_value": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_float)]),

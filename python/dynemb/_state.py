@@ -226,9 +226,23 @@ def set_access_threshold(threshold: int, emb_name: Optional[str] = None,
     names = [emb_name] if emb_name else sorted(HANDLES)
     for n in names:
         with _lib.table_handle(n, ValueError("set_threshold: no table named '%s'" % n)) as h:
-            _lib.check(_lib.clib.dynemb_table_set_access_threshold(
-                h, counted_threshold(int(threshold), table_faae_coefficient(n))),
-                "set_threshold('%s')" % n)
+            # (mxRec's set_threshold(0): counting stops, the threshold stays)
+            set_table_threshold(h, int(threshold), table_faae_coefficient(n),
+                                "set_threshold('%s')" % n, counting=int(threshold) != 0)
+
+
+def set_table_threshold(handle: Any, threshold: int, faae_coefficient: int,
+                        what: str, counting: bool = True) -> None:
+    """An admission setting on an engine table: the number of (weighed)
+    sightings that admits a key (0 or 1: at once), counting on; or, with
+    counting=False (mxRec's threshold 0), the counting of sightings stopped
+    and the threshold left as it is."""
+    if not counting:
+        _lib.check(_lib.clib.dynemb_table_set_admission_counting(handle, 0), what)
+        return
+    _lib.check(_lib.clib.dynemb_table_set_access_threshold(
+        handle, counted_threshold(threshold, faae_coefficient)), what)
+    _lib.check(_lib.clib.dynemb_table_set_admission_counting(handle, 1), what)
 
 
 def table_faae_coefficient(table_name: str, graph: Optional[tf.Graph] = None) -> int:

@@ -363,6 +363,47 @@ static void test_admission(void) {
   done(t);
 }
 
+/* mxRec's threshold 0: counting stopped. Keys with a row train on; keys
+ * without one are neither counted nor given a candidate, and are admitted
+ * only by a count they already had; resuming counts on from there. */
+static void test_admission_counting_stopped(void) {
+  dynemb_table *t = make("adm_stop", 2, tweak_admit3);
+  int64_t two[2] = {5, 5}, row[3] = {6, 6, 6}, fresh = 7;
+  float o[6];
+  dynemb_ticket tk[3];
+  CHECK(dynemb_table_admission_counting(t) == 1);
+  CHECK_OK(dynemb_lookup(t, two, 2, DYNEMB_LOOKUP_TRAIN, 1, o)); /* 5: count 2 */
+  CHECK_OK(dynemb_lookup(t, row, 3, DYNEMB_LOOKUP_TRAIN, 1, o)); /* 6: a row */
+  CHECK_OK(dynemb_table_set_admission_counting(t, 0));
+  CHECK(dynemb_table_admission_counting(t) == 0);
+  for (int i = 0; i < 4; i++) {
+    CHECK_OK(dynemb_lookup(t, two, 2, DYNEMB_LOOKUP_TRAIN, 2, o));
+    CHECK(o[0] == 0 && o[2] == 0);
+    CHECK_OK(dynemb_prepare(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 2, tk));
+    CHECK(tk[0] == DYNEMB_NOT_ADMITTED);
+  }
+  CHECK_OK(dynemb_lookup(t, row, 1, DYNEMB_LOOKUP_TRAIN, 3, o));
+  CHECK(o[0] == 0.5f); /* the row reads, and is stamped */
+  dynemb_snapshot s;
+  CHECK_OK(dynemb_table_snapshot(t, &s));
+  CHECK(s.rows == 1 && s.keys[0] == 6 && s.last_access[0] == 3);
+  CHECK(s.candidates == 1 && s.cand_keys[0] == 5 && s.cand_counts[0] == 2);
+  dynemb_snapshot_free(&s);
+  /* a lower threshold admits by the count a key has, without counting */
+  CHECK_OK(dynemb_table_set_access_threshold(t, 2));
+  CHECK_OK(dynemb_lookup(t, two, 1, DYNEMB_LOOKUP_TRAIN, 4, o));
+  CHECK(o[0] == 0.5f && dynemb_table_size(t) == 2);
+  CHECK_OK(dynemb_table_set_access_threshold(t, 1)); /* no candidates now */
+  CHECK_OK(dynemb_lookup(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 4, o));
+  CHECK(o[0] == 0 && dynemb_table_size(t) == 2);
+  /* resumed: counting goes on */
+  CHECK_OK(dynemb_table_set_admission_counting(t, 1));
+  CHECK_OK(dynemb_lookup(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 5, o));
+  CHECK(o[0] == 0.5f && dynemb_table_size(t) == 3);
+  CHECK(dynemb_table_set_admission_counting(NULL, 0) == DYNEMB_EINVAL);
+  done(t);
+}
+
 /* ---- eviction ------------------------------------------------------------- */
 
 static void tweak_evict(dynemb_table_config *c) {
@@ -980,6 +1021,7 @@ int main(void) {
   RUN(test_lookup_train_eval);
   RUN(test_init_independent_of_sharding);
   RUN(test_admission);
+  RUN(test_admission_counting_stopped);
   RUN(test_eviction_reuse);
   RUN(test_apply_sgd);
   RUN(test_apply_nonfinite);

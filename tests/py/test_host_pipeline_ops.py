@@ -135,26 +135,78 @@ def test_set_threshold_weighs_sightings_by_the_faae_coefficient(how):
                                                if n * weight >= second) == 2
 
 
-def test_threshold_zero_and_out_of_range_are_refused():
-    t, ids, train = _fed_model(2, name="zero")
+def _candidates(name):
+    """{key: sightings counted} of the table's admission candidates."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+        out = s.run(dynemb._lib.ops.dynemb_export(table_name=name))
+    return dict(zip(out[4].tolist(), out[5].tolist()))
+
+
+@pytest.mark.parametrize("zero", ["int", "tensor", "fed", "legacy call"])
+def test_threshold_zero_stops_counting(zero):
+    """mxRec's set_threshold(0): the threshold stays, sightings of keys
+    without a row are no longer counted (so they are not admitted), keys
+    with a row train on; another threshold resumes counting."""
+    t, ids, train = _fed_model(3, name="zero")
     ops = import_host_pipeline_ops()
-    for zero in (0, tf.constant(0, tf.int32)):
-        with pytest.raises(ValueError, match="stops counting"):
-            ops.set_threshold(zero, emb_name="zero")
-    with pytest.raises(ValueError, match="out of range"):
-        ops.set_threshold(-1, emb_name="zero")
     fed = tf.compat.v1.placeholder(tf.int64, [])
-    op = ops.set_threshold(fed, emb_name="zero")
+    stop = {"int": lambda: ops.set_threshold(0, emb_name="zero"),
+            "tensor": lambda: ops.set_threshold(tf.constant(0, tf.int32), emb_name="zero"),
+            "fed": lambda: ops.set_threshold(fed, emb_name="zero"),
+            "legacy call": lambda: None}[zero]()
+    resume = ops.set_threshold(fed, emb_name="zero")
     with tf.compat.v1.Session() as s:
-        with pytest.raises(tf.errors.InvalidArgumentError, match="stops counting"):
-            s.run(op, {fed: 0})
-        with pytest.raises(tf.errors.InvalidArgumentError, match="'zero'.*out of range"):
+        for _ in range(3):
+            s.run(train, {ids: [1]})         # key 1: a row
+        s.run(train, {ids: [2, 2]})          # key 2: counted twice
+        if zero == "legacy call":
+            ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(0, emb_name="zero")
+        else:
+            assert s.run(stop.outputs[0], {fed: 0} if zero == "fed" else None) == 3
+        before = _rows("zero")[1]
+        for step in range(4):
+            s.run(train, {ids: [1, 2, 3]})
+        assert sorted(_rows("zero")) == [1] and _candidates("zero") == {2: 2}
+        assert t.stats()["rejected"] >= 8
+        assert s.run(resume.outputs[0], {fed: 3}) == 3   # the threshold stayed 3
+        s.run(train, {ids: [2]})                          # counting again: 3rd sighting
+        assert sorted(_rows("zero")) == [1, 2]
+    del before
+
+
+def test_threshold_out_of_range_is_refused():
+    t, ids, train = _fed_model(2, name="range")
+    ops = import_host_pipeline_ops()
+    with pytest.raises(ValueError, match="out of range"):
+        ops.set_threshold(-1, emb_name="range")
+    fed = tf.compat.v1.placeholder(tf.int64, [])
+    op = ops.set_threshold(fed, emb_name="range")
+    with tf.compat.v1.Session() as s:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="'range'.*out of range"):
             s.run(op, {fed: 2 ** 32})
         s.run(train, {ids: [1]})
-        assert t.size() == 0  # the failed runs left the threshold at 2
+        assert t.size() == 0  # the failed run left the threshold at 2
         s.run(op, {fed: 1})
         s.run(train, {ids: [2]})
         assert t.size() == 1
+
+
+def test_feature_spec_and_lookup_config_threshold_zero():
+    """mxRec's access_threshold=0 in a FeatureSpec or access_and_evict_config:
+    admission without counting new sightings; None and -1 are off."""
+    from dynemb.core.asc.feature_spec import FeatureSpec
+    assert FeatureSpec("f", table_name="x", access_threshold=0).access_and_evict_config[
+        "counting"] is False
+    t, ids, train = _fed_model(0, name="frozen")
+    with tf.compat.v1.Session() as s:
+        s.run(train, {ids: [4, 4, 5]})
+        assert t.size() == 0 and _candidates("frozen") == {}
+    off = _table("off", gradient_descent.create_hash_optimizer(learning_rate=1.0))
+    e = dynemb.sparse_lookup(off, ids, access_and_evict_config={
+        "access_threshold": None, "eviction_threshold": -1, "faae_coefficient": None})
+    with tf.compat.v1.Session() as s:
+        s.run(e, {ids: [4]})
+    assert off.size() == 1
 
 
 # --------------------------------------------------------------------------

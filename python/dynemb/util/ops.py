@@ -88,13 +88,6 @@ def _tables_for(emb_name: Any, ids_name: Any) -> List[str]:
     return list(dict.fromkeys(tables))
 
 
-_ZERO_MESSAGE = (
-    "set_threshold: a threshold of 0 asks for mxRec's mode that stops counting "
-    "sightings and admits by the counts so far; dynemb counts every sighting of a key "
-    "not admitted yet and has no such mode. Give a number of sightings from 1 to "
-    "4294967295 (1 admits a key when it is first seen)")
-
-
 def _threshold_tensor(threshold: Any) -> tf.Tensor:
     """`threshold` as an int64 scalar tensor, checked (at run time when its
     value is not known while the graph is built)."""
@@ -107,20 +100,16 @@ def _threshold_tensor(threshold: Any) -> tf.Tensor:
             raise ValueError("set_threshold: threshold must be a scalar, got shape %s"
                              % (value.shape,))
         value = int(value)
-        if value == 0:
-            raise ValueError(_ZERO_MESSAGE)
-        if not 1 <= value <= _MAX_THRESHOLD:
+        if not 0 <= value <= _MAX_THRESHOLD:
             raise ValueError("set_threshold: threshold = %d is out of range; give a number "
-                             "of sightings from 1 to 4294967295" % value)
+                             "of sightings from 1 to 4294967295, or 0 to stop counting "
+                             "them" % value)
         return tf.constant(value, tf.int64)
     t = tf.convert_to_tensor(threshold)
     if not t.dtype.is_integer:
         raise TypeError("set_threshold: threshold must be an integer tensor, got %s"
                         % t.dtype.name)
-    t = tf.cast(tf.reshape(t, []), tf.int64)
-    check = tf.debugging.assert_none_equal(t, tf.constant(0, tf.int64), message=_ZERO_MESSAGE)
-    with tf.control_dependencies([check]):
-        return tf.identity(t)
+    return tf.cast(tf.reshape(t, []), tf.int64)  # (the op checks the range)
 
 
 def _weighed(threshold: tf.Tensor, faae_coefficient: int) -> tf.Tensor:
@@ -130,7 +119,8 @@ def _weighed(threshold: tf.Tensor, faae_coefficient: int) -> tf.Tensor:
     if faae_coefficient == 1:
         return threshold
     w = tf.constant(faae_coefficient, tf.int64)
-    return tf.maximum(tf.constant(1, tf.int64), (threshold + w - 1) // w)
+    weighed = tf.maximum(tf.constant(1, tf.int64), (threshold + w - 1) // w)
+    return tf.where(tf.equal(threshold, 0), threshold, weighed)  # (0 stops counting)
 
 
 # --------------------------------------------------------------------------
