@@ -66,8 +66,10 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
     function's graph as text (``$DYNEMB_GRAPH_DUMP_DIR`` or ./dynemb_graph_dump,
     or the directory given).
     """
-    if kwargs:
-        raise TypeError(f"get_asc_insert_func: unexpected arguments {sorted(kwargs)}")
+    if kwargs:  # (mxRec: undocumented keywords are not used)
+        logger.warning("get_asc_insert_func: keywords %s are not used by dynemb (the "
+                       "documented ones are tgt_key_specs, is_training and dump_graph)",
+                       sorted(kwargs))
     if tgt_key_specs is None or args_index_list is not None or feature_counts is not None \
             or table_names is not None:
         raise NotImplementedError(
