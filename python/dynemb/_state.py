@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional
 import tensorflow as tf
 
 from dynemb import _lib
-from dynemb.constants.constants import DYNEMB_SPARSE_VARIABLES
+from dynemb.constants.constants import ASCEND_GLOBAL_HASHTABLE_COLLECTION, DYNEMB_SPARSE_VARIABLES
 from dynemb.util.log import logger
 
 # --------------------------------------------------------------------------
@@ -321,10 +321,17 @@ class _HostPipelineOps:
 # "target_batch", each called with is_training.
 PIPELINE_QUERIES: Dict[str, Callable[[bool], Any]] = {}
 
-# The graph collection of the tables' sparse variables, which
-# ascend_global_hashtable_collection names until a script renames it (mxRec's
-# own default name is another: scripts read the name, not a literal).
-_SPARSE_VARIABLES = DYNEMB_SPARSE_VARIABLES
+# The graph collections create_table fills with the tables' sparse variables:
+# dynemb's own and mxRec's default name of ascend_global_hashtable_collection.
+_SPARSE_VARIABLES = ASCEND_GLOBAL_HASHTABLE_COLLECTION
+_FILLED = (DYNEMB_SPARSE_VARIABLES, ASCEND_GLOBAL_HASHTABLE_COLLECTION)
+
+
+def hashtable_collection() -> str:
+    """The collection name ascend_global_hashtable_collection holds now (the
+    default before init()); create_table adds each table to it too."""
+    cfg = ConfigInitializer._instance  # pylint: disable=protected-access
+    return cfg.train_params_config._collection if cfg is not None else _SPARSE_VARIABLES
 
 
 def _is_training(is_training: Any, what: str) -> bool:
@@ -371,7 +378,7 @@ class TrainParamsConfig:
         """Name of the graph collection holding the tables' sparse variables
         (get_dense_and_sparse_variable's second list). Reading it after a
         rename adds the default graph's tables to the renamed collection."""
-        if self._collection != _SPARSE_VARIABLES:
+        if self._collection not in _FILLED:
             _copy_sparse_variables(self._collection)
         return self._collection
 
@@ -381,7 +388,7 @@ class TrainParamsConfig:
             raise ValueError("ascend_global_hashtable_collection must be a string of 1 to "
                              "255 characters, got %r" % (name,))
         self._collection = name
-        if name != _SPARSE_VARIABLES:
+        if name not in _FILLED:
             _copy_sparse_variables(name)
 
     @property

@@ -372,11 +372,13 @@ def test_hashtable_collection_holds_the_tables():
     a = _table("coll_a", opt)
     cfg = ConfigInitializer.get_instance().train_params_config
     _, sparse = dynemb.get_dense_and_sparse_variable()
+    assert cfg.ascend_global_hashtable_collection == "ASCEND_GLOBAL_HASHTABLE_COLLECTION"
     assert tf.compat.v1.get_collection(cfg.ascend_global_hashtable_collection) == sparse == \
         [a.variable]
     cfg.ascend_global_hashtable_collection = "test"
     assert tf.compat.v1.get_collection("test") == [a.variable]
-    b = _table("coll_b", opt)
+    b = _table("coll_b", opt)      # goes into the renamed collection at once
+    assert tf.compat.v1.get_collection("test") == [a.variable, b.variable]
     name = cfg.ascend_global_hashtable_collection
     assert name == "test"
     assert tf.compat.v1.get_collection(name) == [a.variable, b.variable]

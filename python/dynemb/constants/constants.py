@@ -15,6 +15,10 @@ ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS = "ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS"
 # Graph collection of the sparse "variables" (one anchor tensor per table);
 # tf.gradients(loss, anchor) yields the table's IndexedSlices gradient.
 DYNEMB_SPARSE_VARIABLES = "DYNEMB_SPARSE_VARIABLES"
+# mxRec's name for the same collection, the default of
+# train_params_config.ascend_global_hashtable_collection: it holds the same
+# anchors.
+ASCEND_GLOBAL_HASHTABLE_COLLECTION = "ASCEND_GLOBAL_HASHTABLE_COLLECTION"
 
 # File names of mxRec's custom-op libraries: the default of
 # import_host_pipeline_ops(so_pkg_name=...) and the end-of-sequence dataset

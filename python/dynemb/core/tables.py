@@ -33,7 +33,7 @@ import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
 from dynemb import _lib, _state
-from dynemb.constants.constants import DYNEMB_SPARSE_VARIABLES
+from dynemb.constants.constants import ASCEND_GLOBAL_HASHTABLE_COLLECTION, DYNEMB_SPARSE_VARIABLES
 from dynemb.util.log import logger
 
 EXPORT_FIELDS = ("meta", "keys", "values", "last_access", "cand_keys",
@@ -441,6 +441,10 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     st.tables[name] = table
     st.anchors[table.anchor.name] = table
     graph.add_to_collection(DYNEMB_SPARSE_VARIABLES, table.anchor)
+    graph.add_to_collection(ASCEND_GLOBAL_HASHTABLE_COLLECTION, table.anchor)
+    renamed = _state.hashtable_collection()  # (mxRec's collection, renamed by the script)
+    if renamed not in (DYNEMB_SPARSE_VARIABLES, ASCEND_GLOBAL_HASHTABLE_COLLECTION):
+        graph.add_to_collection(renamed, table.anchor)
     if is_save:
         # The Saver keeps only a marker of the table; its rows go to the
         # checkpoint's sparse directory, mxRec's sparse-<prefix> (engine
