@@ -306,14 +306,10 @@ def _check_incremental(cfg: dict) -> None:
                          "save_delta_checkpoints_secs (seconds between incremental saves)")
 
 
-class _HostPipelineOps:
-    """Run-time knobs of the host pipeline (mxRec's host_pipeline_ops)."""
-
-    def set_threshold(self, threshold: int, emb_name: Optional[str] = None,
-                      ids_name: Optional[str] = None) -> None:
-        """Changes the admission threshold of table `emb_name` (or of every
-        table fed by FeatureSpec `ids_name`) for later lookups."""
-        set_access_threshold(threshold, emb_name=emb_name, ids_name=ids_name)
+# mxRec's host-pipeline op object (dynemb.util.ops.import_host_pipeline_ops()),
+# registered by that module when it is imported: ConfigInitializer's
+# host_pipeline_ops attribute is that same object, as in mxRec.
+HOST_PIPELINE_OPS: Dict[str, Any] = {}
 
 
 # Answers to TrainParamsConfig's pipeline questions, filled in by a higher
@@ -426,9 +422,18 @@ class ConfigInitializer:
         self.config.update(kwargs)
         _check_given_ranks(self.config["rank_id"], self.config["rank_size"])
         _check_incremental(self.config)
-        self.host_pipeline_ops = _HostPipelineOps()
         self.train_params_config = TrainParamsConfig(self)
         self.terminate_hooks: list[Callable[[], None]] = []
+
+    @property
+    def host_pipeline_ops(self) -> Any:
+        """mxRec's host-pipeline op object: import_host_pipeline_ops() (its
+        set_threshold returns the op that changes the threshold when run)."""
+        ops = HOST_PIPELINE_OPS.get("default")
+        if ops is None:
+            raise RuntimeError("host_pipeline_ops: dynemb.util.ops is not loaded; import "
+                               "dynemb")
+        return ops
 
     @classmethod
     def get_instance(cls) -> "ConfigInitializer":

@@ -48,13 +48,19 @@ def test_set_threshold_at_run_time():
         s.run(tf.compat.v1.global_variables_initializer())
         s.run(train, {ids: [1]})
         assert t.size() == 0
-        dynemb.ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(1, emb_name=t.table_name)
+        ops = dynemb.ConfigInitializer.get_instance().host_pipeline_ops
+        op = ops.set_threshold(1, emb_name=t.table_name)   # mxRec: an op to run
+        s.run(train, {ids: [1]})
+        assert t.size() == 0
+        s.run(op)
         s.run(train, {ids: [1]})
         assert t.size() == 1
         # by FeatureSpec name (ids_name), as mxRec scripts call it
         dynemb.FeatureSpec("feat_for_threshold", table_name=t.table_name)
-        dynemb.ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(
-            9, ids_name="feat_for_threshold")
+        s.run(ops.set_threshold(9, ids_name="feat_for_threshold"))
+        # mxRec's little demo: a tensor, the table and its lookup's name
+        s.run(ops.set_threshold(tf.constant(9), emb_name=t.table_name,
+                                ids_name=t.table_name + "_lookup"))
         s.run(train, {ids: [2]})
         assert t.size() == 1  # id 2 now needs 9 sightings
         with pytest.raises(ValueError, match="no_such_feature"):

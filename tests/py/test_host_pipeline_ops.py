@@ -126,9 +126,9 @@ def test_set_threshold_weighs_sightings_by_the_faae_coefficient(how):
 
     with tf.compat.v1.Session() as s:
         assert sightings_to_admit(s, 1) == min(n for n in range(1, 10) if n * weight >= first)
-        if how == "legacy call":
-            ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(
-                second, emb_name="weighed")
+        if how == "legacy call":   # the same object: an op to run
+            s.run(ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(
+                second, emb_name="weighed"))
         else:
             s.run(op, {fed: second} if how == "fed tensor" else None)
         assert sightings_to_admit(s, 2) == min(n for n in range(1, 10)
@@ -160,7 +160,8 @@ def test_threshold_zero_stops_counting(zero):
             s.run(train, {ids: [1]})         # key 1: a row
         s.run(train, {ids: [2, 2]})          # key 2: counted twice
         if zero == "legacy call":
-            ConfigInitializer.get_instance().host_pipeline_ops.set_threshold(0, emb_name="zero")
+            assert ConfigInitializer.get_instance().host_pipeline_ops is ops
+            s.run(ops.set_threshold(0, emb_name="zero"))
         else:
             assert s.run(stop.outputs[0], {fed: 0} if zero == "fed" else None) == 3
         before = _rows("zero")[1]

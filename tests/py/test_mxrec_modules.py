@@ -313,3 +313,37 @@ def test_merge_lookup_leaves_one_gradient_per_table():
     assert sorted(idx.tolist()) == [1, 2, 2, 3]
     with pytest.raises(TypeError, match="is_train"):
         do_merge_lookup(is_train="yes")
+
+
+# --- what mxRec's example scripts import (issue 14's audit of examples/) ---------
+
+def test_example_import_paths(single_process):
+    """The names mxRec's examples (DCNv2, WideDeep, dlrm, mmoe, the demos)
+    reach, at their paths after the prefix edit."""
+    import subprocess
+    import sys
+    # `import mx_rec.util as mxrec_util; mxrec_util.communication.hccl_ops...`
+    # in a fresh interpreter, where nothing imported the subpackage before.
+    code = ("import dynemb.util as mxrec_util; "
+            "print(mxrec_util.communication.hccl_ops.get_rank_id(), "
+            "mxrec_util.communication.hccl_ops.get_rank_size())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in __import__("os").environ.items()
+                                           if k not in LAUNCHER_VARIABLES})
+    assert out.returncode == 0 and out.stdout.split() == ["0", "1"], out.stderr[-2000:]
+    from dynemb.core.asc import feature_spec, helper
+    assert helper.FeatureSpec is feature_spec.FeatureSpec
+    from dynemb.constants.constants import LIBREC_TF_REC_V1_CPU_SO
+    from dynemb.util.ops import import_host_pipeline_ops
+    assert import_host_pipeline_ops(LIBREC_TF_REC_V1_CPU_SO).return_timestamp
+    dynemb.init()
+    from dynemb.util.initialize import ConfigInitializer
+    assert ConfigInitializer.get_instance().host_pipeline_ops is import_host_pipeline_ops()
+    from dynemb.util.tf_version_adapter import npu_ops
+    x = npu_ops.dropout(tf.ones([4000]), keep_prob=0.75, seed=1)
+    with tf.compat.v1.Session() as s:
+        v = s.run(x)
+    assert set(np.unique(v).tolist()) <= {0.0, np.float32(1 / 0.75)}
+    assert 0.2 < (v == 0).mean() < 0.3
+    with pytest.raises(ValueError, match="keep_prob"):
+        npu_ops.dropout(tf.ones([2]))

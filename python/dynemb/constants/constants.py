@@ -26,6 +26,8 @@ ASCEND_GLOBAL_HASHTABLE_COLLECTION = "ASCEND_GLOBAL_HASHTABLE_COLLECTION"
 # _dynemb_ops.so, found by dynemb._lib).
 LIBASC_OPS_SO = "libasc_ops.so"
 LIBREC_EOS_OPS_SO = "librec_eos_ops.so"
+# (mxRec's examples pass it to import_host_pipeline_ops for return_timestamp)
+LIBREC_TF_REC_V1_CPU_SO = "librec_tf_rec_v1_cpu.so"
 
 
 class BaseEnum(Enum):

@@ -415,4 +415,8 @@ def import_host_pipeline_ops(so_pkg_name: str = LIBASC_OPS_SO) -> HostPipelineOp
     return _OPS[so_pkg_name]
 
 
+# ConfigInitializer.get_instance().host_pipeline_ops is this object (mxRec's
+# class attribute holds import_host_pipeline_ops()).
+_state.HOST_PIPELINE_OPS["default"] = import_host_pipeline_ops()
+
 __all__ = ["EVAL_CHANNEL", "HostPipelineOps", "TRAIN_CHANNEL", "import_host_pipeline_ops"]
