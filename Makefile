@@ -221,7 +221,7 @@ check-%: all $$(call test_program,$$*)
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) $(PIP) --upgrade pip
-	$(VPY) $(PIP) $(TF_PIN) pytest numpy "setuptools>=64" wheel
+	$(VPY) $(PIP) $(TF_PIN) pytest pytest-xdist numpy "setuptools>=64" wheel
 	@touch $@
 
 venv: $(VENV)/.stamp

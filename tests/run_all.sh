@@ -70,9 +70,16 @@ c_tests() {
   if wanted install_test; then run_counted tests/install_test.sh bash tests/install_test.sh; fi
 }
 pytest_run() {  # LABEL PYTHON [VAR=VALUE...]: one pytest run over tests/py, counted
-  local label="$1" py="$2" out rc line p f s; shift 2
-  echo "== pytest ($label)"
-  out=$(env "$@" "$py" -m pytest -q -rs -p no:cacheprovider tests/py 2>&1); rc=$?
+  local label="$1" py="$2" out rc line p f s par=(); shift 2
+  # Tests in parallel where pytest-xdist is installed (make venv installs it):
+  # one worker per core, at most 4 (each holds a TensorFlow, ~0.5 GB).
+  local cores; cores=$(nproc 2>/dev/null || echo 1)
+  if [ "${PYTEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}" -gt 1 ] 2>/dev/null &&
+     "$py" -c "import xdist" 2>/dev/null; then
+    par=(-n "${PYTEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}")
+  fi
+  echo "== pytest ($label${par:+, ${par[1]} workers})"
+  out=$(env "$@" "$py" -m pytest -q -rs -p no:cacheprovider "${par[@]}" tests/py 2>&1); rc=$?
   printf '%s\n' "$out" | tail -n 60
   line=$(grep -E '[0-9]+ (passed|failed|skipped|errors?) in ' <<<"$out" | tail -n 1)
   p=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+'); p=${p:-0}

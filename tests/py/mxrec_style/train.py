@@ -9,6 +9,7 @@ import glob
 import os
 import re
 import shutil
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -199,6 +200,16 @@ def main():
                                                 for _ in range(EVAL_STEPS)])))
                 if step % SAVE_EVERY == 0:
                     saver.save(sess, f"{MODEL_DIR}/model", global_step=step)
+        # The prepared pipelines work ahead of the step: let them finish the
+        # batches they prefetch, so that the sizes count the same batches
+        # whatever the machine's load (the test compares them across modes).
+        sizes, t0 = None, time.time()
+        while time.time() - t0 < 10:
+            now_sizes = [t.size() for t in tables]
+            if now_sizes == sizes:
+                break
+            sizes = now_sizes
+            time.sleep(0.3)
     sizes = [t.size() for t in tables]
     terminate_config_initializer()
     print("RESULT mode=%s step=%d first_loss=%.4f last_loss=%.4f evals=%s sizes=%s"
