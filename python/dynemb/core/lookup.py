@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from dynemb import _lib, _state
@@ -24,8 +25,8 @@ from dynemb.constants.constants import (ASCEND_SPARSE_LOOKUP_ID_OFFSET,
                                         ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, ASCEND_TIMESTAMP)
 from dynemb.core.asc.lookups import lookup_ids
 from dynemb.core.asc.spec import FeatureSpec
-from dynemb.core.tables import (EmbeddingTable, no_longer_registered, op_name,
-                                require_graph_mode, set_default_value)
+from dynemb.core.tables import (EmbeddingTable, constant_default_value, no_longer_registered,
+                                op_name, require_graph_mode, set_default_value)
 from dynemb.graph.rewrite import guard_lookup, input_of
 from dynemb.graph.trace import GET_NEXT_TYPES, ancestors
 from dynemb.util.log import logger
@@ -203,8 +204,18 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         raise ValueError("sparse_lookup('%s'): the table was created in another graph; "
                          "call create_table() again inside this graph (same arguments "
                          "reuse the table)" % tname)
+    per_lookup_default = None
     if serving_default_value is not None:
-        set_default_value(hashtable, serving_default_value)
+        numbers = constant_default_value(serving_default_value, tname)
+        if numbers is not None and numbers.size in (1, hashtable.dim):
+            numbers = np.broadcast_to(numbers.reshape(-1), [hashtable.dim])
+        if numbers is not None and (hashtable.default_value is None or numbers.size !=
+                                    hashtable.dim or
+                                    np.array_equal(numbers, hashtable.default_value)):
+            set_default_value(hashtable, serving_default_value)  # the table's own
+        else:  # batch-computed, or another lookup's value: this lookup's own
+            per_lookup_default = serving_default_value
+    from_spec = isinstance(ids, FeatureSpec)
     if isinstance(ids, FeatureSpec):
         # Explicit FeatureSpec mode: the spec's ids come from `batch` (the
         # dataset mapped by get_asc_insert_func); dynemb.core.asc sets the
@@ -233,7 +244,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                 h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
     dim = hashtable.dim
     with tf.name_scope(name or op_name(tname) + "_lookup"):
-        static_count = 0
+        static_count, plain_tickets = 0, None
         if send_count is not None:
             ids, static_count = _check_send_count(ids, send_count, tname)
         now = _now_tensor(evict_cfg, ids, bool(is_train))
@@ -249,6 +260,15 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
             emb = exchange.sharded_lookup(tname, ids, now, hashtable.anchor,
                                           bool(is_train), chain, static_count,
                                           hashtable.is_dp)
+        elif per_lookup_default is not None and is_train and not (modify_graph or from_spec):
+            # A train lookup with a default of its own needs to know which
+            # occurrences were admitted: the table work as a prepare (the
+            # admission tickets), and the rows read through them.
+            plain_tickets = _lib.ops.dynemb_prepare(ids=ids, now=now, table_name=tname,
+                                                    is_train=True)
+            emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
+                                         tickets=plain_tickets, table_name=tname,
+                                         is_train=False, use_tickets=True)
         else:
             emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
                                          tickets=unused_input(tf.int64),
@@ -259,6 +279,10 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
             emb = tf.stop_gradient(emb)
         elif _state.get_use_dynamic_expansion():
             _publish_by_address(graph, st, hashtable, ids, emb)
+        found = None
+        if per_lookup_default is not None:
+            emb, found = _with_default(emb, ids, lookup_op, per_lookup_default, hashtable,
+                                       plain_tickets)
         if ids.shape.rank == 1:
             # A new tensor, so graph modification can mask the op's output
             # for every consumer (fetches included).
@@ -276,8 +300,41 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                      "modify_graph_and_start_emb_cache() before creating the session")
     st.lookups.append({"table": hashtable, "ids": ids, "output": out,
                        "op": lookup_op, "is_train": bool(is_train),
-                       "modify_graph": bool(modify_graph), "send_count": send_count})
+                       "modify_graph": bool(modify_graph), "send_count": send_count,
+                       "found": found})
     return out
+
+
+def _with_default(rows: tf.Tensor, ids: tf.Tensor, lookup_op: tf.Operation, value: Any,
+                  table: EmbeddingTable, tickets: Optional[tf.Tensor] = None) -> tuple:
+    """A lookup's own serving_default_value (a tensor the graph computes, or
+    numbers other than the table's): rows [n, dim] with the ids that have no
+    row (not admitted, unknown) reading `value` (a scalar, [dim], [n, dim] or
+    ids' shape + [dim]) instead of the table's default. Which ids have a row:
+    the admission tickets of a plain train lookup (`tickets`), else what an
+    eval-mode DynembPrepare says right after the lookup (the prepared modes
+    switch a train lookup's to the batch's admission tickets, exactly what
+    their lookups read); returns (rows, that bool [n])."""
+    tname, dim = table.table_name, table.dim
+    if exchange.several_ranks():
+        raise ValueError(
+            "sparse_lookup('%s'): on several ranks serving_default_value must be numbers "
+            "or a tensor of constants (one value per table); a tensor computed in the "
+            "graph is read on one process only" % tname)
+    value = tf.cast(tf.convert_to_tensor(value), tf.float32)
+    n = tf.shape(rows)[0]
+    if value.shape.rank is not None and value.shape.rank <= 1:
+        value = tf.broadcast_to(value, tf.stack([n, dim]))
+    else:
+        value = tf.reshape(value, tf.stack([n, dim]), name="serving_default_value")
+    if tickets is None:
+        with tf.control_dependencies([lookup_op]):
+            tickets = _lib.ops.dynemb_prepare(ids=tf.reshape(ids, [-1]),
+                                              now=tf.constant(0, tf.int64),
+                                              table_name=tname, is_train=False)
+    found = tf.not_equal(tf.reshape(tickets, [-1]), tf.constant(-1, tf.int64),
+                         name="has_row")
+    return tf.where(tf.expand_dims(found, 1), rows, value), found
 
 
 def _publish_by_address(graph: tf.Graph, st: Any, table: EmbeddingTable, ids: tf.Tensor,

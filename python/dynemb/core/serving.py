@@ -51,6 +51,17 @@ from dynemb.core.tables import TABLE_SAVEABLES
 from dynemb.util.log import logger
 
 LOOKUP_TYPES = ("DynembLookup", "DynembShardedLookup")
+
+
+def _replaced_kind(node: Any) -> Optional[str]:
+    """"rows" for a lookup; "tickets" for an eval-mode DynembPrepare (which
+    ids have a row: a lookup's own serving_default_value reads it); None
+    for other nodes."""
+    if node.op in LOOKUP_TYPES:
+        return "rows"
+    if node.op == "DynembPrepare" and "is_train" in node.attr and not node.attr["is_train"].b:
+        return "tickets"
+    return None
 SCOPE = "dynemb_serving"
 ASSETS = "assets"
 # Meta graph collections of VariableDefs: their nodes must survive pruning,
@@ -227,14 +238,19 @@ def _replacement(scope: str, tables: dict, lookups: list) -> tuple:
                 handles[name] = (index, var, dim)
         for j, (node, dtype) in enumerate(lookups):
             index, var, dim = handles[node.attr["table_name"].s.decode()]
+            rows = tables[node.attr["table_name"].s.decode()][1]
             with g.name_scope("%s/lookup_%d/" % (scope, j)):
                 ids = tf.compat.v1.placeholder(dtype, name="ids")
                 flat = tf.reshape(ids, [-1])
                 if dtype != tf.int64:
                     flat = tf.cast(flat, tf.int64)
-                rows_of = tf.gather(var, index.lookup(flat) if index is not None
-                                    else tf.zeros_like(flat))
-                out = tf.identity(rows_of, name="embeddings")
+                at = index.lookup(flat) if index is not None else \
+                    tf.fill(tf.shape(flat), tf.constant(rows, tf.int64))
+                if _replaced_kind(node) == "tickets":  # -1: no row (the prepare's tickets)
+                    out = tf.reshape(tf.where(at < rows, at, -tf.ones_like(at)),
+                                     tf.shape(ids), name="tickets")
+                else:
+                    out = tf.identity(tf.gather(var, at), name="embeddings")
             outputs[out.op.name] = node.name
             templates[ids.op.name] = node
         with g.name_scope("%s/" % scope):
@@ -425,7 +441,7 @@ def rewrite_meta_graph(mg: Any, export_dir: str, written: Optional[dict] = None)
     (none: `mg` is left as it is)."""
     gd = mg.graph_def
     nodes = {n.name: n for n in gd.node}
-    lookups = [n for n in gd.node if n.op in LOOKUP_TYPES]
+    lookups = [n for n in gd.node if _replaced_kind(n)]
     if not lookups and not any(_is_dynemb(n.op) for n in gd.node):
         return []
     if "://" in export_dir:
@@ -508,7 +524,7 @@ def rewrite_meta_graph(mg: Any, export_dir: str, written: Optional[dict] = None)
         del m.input[:]
         m.input.extend(fix(r) for r in n.input)
         new_nodes.append(m)
-    out_nodes = [n for n in gd.node if n.name in keep and n.op not in LOOKUP_TYPES]
+    out_nodes = [n for n in gd.node if n.name in keep and not _replaced_kind(n)]
     kept = [node_def_pb2.NodeDef() for _ in out_nodes]
     for k, n in zip(kept, out_nodes):
         k.CopyFrom(n)

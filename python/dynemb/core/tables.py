@@ -126,6 +126,8 @@ class EmbeddingTable:
         self.is_dp = False
         self.padding_keys: tuple = ()  # keys whose rows are never updated
         self.access_and_evict_config: Optional[dict[str, Any]] = None
+        # the serving_default_value the engine holds (set_default_value), if any
+        self.default_value: Optional[np.ndarray] = None
         self.tiered = False  # has an SSD tier (set by create_table)
         # on several ranks: divide the summed gradients by the rank count
         self.average_gradients = False
@@ -500,6 +502,19 @@ def address_table(address: Any) -> tuple:
     return st.addresses[name]
 
 
+def constant_default_value(value: Any, tname: str) -> Optional[np.ndarray]:
+    """A serving_default_value's numbers when it is known while the graph is
+    built (numbers, or a tensor of constants only), else None (a tensor that
+    reads the batch, a placeholder or a variable: a per-lookup default)."""
+    v = tf.get_static_value(value) if tf.is_tensor(value) else value
+    if v is None:
+        try:
+            v = _evaluate_constant(value, tname)
+        except ValueError:
+            return None
+    return np.asarray(v, dtype=np.float32)
+
+
 def set_default_value(table: EmbeddingTable, value: Any) -> None:
     """serving_default_value: what lookups of `table` return for ids without a
     row (eval lookups of unknown ids, ids not admitted yet); a scalar or `dim`
@@ -521,6 +536,7 @@ def set_default_value(table: EmbeddingTable, value: Any) -> None:
         buf = (ctypes.c_float * table.dim)(*arr.tolist())
         _lib.check(_lib.clib.dynemb_table_set_default_value(h, buf),
                    "sparse_lookup('%s') serving_default_value" % tname)
+    table.default_value = arr
 
 
 _STATE_OP_TYPES = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp", "VariableV2",

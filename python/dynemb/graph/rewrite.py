@@ -78,6 +78,22 @@ def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
     return out
 
 
+def switch_found(record: dict, tickets: tf.Tensor) -> None:
+    """A train lookup with its own serving_default_value reads which of its
+    ids have a row from an eval-mode prepare after it (dynemb.core.lookup);
+    in the prepared modes that is the batch's admission, which its rows
+    follow: what the tickets say."""
+    found = record.get("found")
+    if found is None or not record["is_train"]:
+        return
+    with found.graph.as_default(), found.graph.name_scope(None):
+        admitted = tf.reshape(admitted_of(tickets), [-1], name="dynemb_admitted")
+    for consumer in list(found.consumers()):
+        for i, inp in enumerate(consumer.inputs):
+            if inp is found:
+                consumer._update_input(i, admitted)  # pylint: disable=protected-access
+
+
 def admitted_of(tickets: tf.Tensor) -> tf.Tensor:
     """Which ids the admission tickets admit (bool, same shape)."""
     return tf.not_equal(tickets, tf.constant(-1, tf.int64))

@@ -193,6 +193,7 @@ def start_asc_pipeline() -> None:
         rewrite.drop_guard(e.ids.op)
         if r["is_train"]:
             rewrite.rewrite_lookup(r["op"], e.tickets, e.spec.table_name, r["table"].dim)
+            rewrite.switch_found(r, e.tickets)
             train.setdefault(e.spec.table_name, []).append((r["op"], e))
         st.done.add(r["op"].name)
     # The apply op reads admission tickets when it takes exactly these lookups'
