@@ -89,7 +89,6 @@ def test_train_lookup_default_in_plain_and_prepared_modes():
         np.testing.assert_allclose(q, p, rtol=1e-6)
 
 
-@pytest.mark.estimator
 def test_exported_model_reads_its_own_default(tmp_path):
     dynemb.init()
     t = dynemb.create_table(tf.int64, 2, "exp", tf.compat.v1.constant_initializer(0.5))
