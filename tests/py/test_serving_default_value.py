@@ -6,7 +6,6 @@ exported SavedModel (stock ops only) agree."""
 import time
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import dynemb
