@@ -242,11 +242,13 @@ DYNEMB_API void dynemb_table_get_config(const dynemb_table *t,
 DYNEMB_API int dynemb_table_set_access_threshold(dynemb_table *t,
                                                  uint32_t threshold);
 /* Stops (counting = 0) or resumes (1) the counting of sightings for
- * admission (mxRec's threshold 0, "non-accumulation mode"): while stopped,
- * train lookups and prepares neither count keys without a row nor create
- * candidates; such a key is admitted only if the count it already has
- * reaches the threshold, and reads the default value otherwise. Keys with
- * a row train as before; the threshold is unchanged. */
+ * admission (mxRec's set_threshold(0), "non-accumulation mode"): while
+ * stopped, with a threshold above 1, train lookups and prepares neither
+ * count keys without a row nor create candidates; such a key is admitted
+ * only if the count it already has reaches the threshold, and reads the
+ * default value otherwise. Keys with a row train as before; the threshold
+ * is unchanged. A threshold of 0 or 1 needs no count: keys are admitted at
+ * once either way. */
 DYNEMB_API int dynemb_table_set_admission_counting(dynemb_table *t,
                                                    int counting);
 /* Whether the table counts sightings for admission (1, the default). */

@@ -79,9 +79,8 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
       lc->hits++;
       continue;
     }
-    if (!counting) { /* admitted only by the count it already has */
-      const dynemb_index_entry *c =
-          threshold > 1 ? dynemb_index_find(&sh->cands, key, h) : NULL;
+    if (!counting && threshold > 1) { /* admitted only by the count it has */
+      const dynemb_index_entry *c = dynemb_index_find(&sh->cands, key, h);
       if (!c || c->loc < threshold) {
         if (dst) memcpy(dst, t->default_value, rbytes);
         lc->rejected++;
@@ -244,7 +243,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
       const dynemb_index *ix = &t->shards[s].rows;
       /* room for twice this call's misses: another thread may insert
        * into the shard before this one takes its lock */
-      grow[s] = cnt[s + 1] && threshold <= 1 && counting
+      grow[s] = cnt[s + 1] && threshold <= 1
                     ? dynemb_index_growth_for(ix, ix->count + 2 * cnt[s + 1])
                     : 0;
       cnt[s + 1] += cnt[s];

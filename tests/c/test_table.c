@@ -393,13 +393,18 @@ static void test_admission_counting_stopped(void) {
   CHECK_OK(dynemb_table_set_access_threshold(t, 2));
   CHECK_OK(dynemb_lookup(t, two, 1, DYNEMB_LOOKUP_TRAIN, 4, o));
   CHECK(o[0] == 0.5f && dynemb_table_size(t) == 2);
-  CHECK_OK(dynemb_table_set_access_threshold(t, 1)); /* no candidates now */
-  CHECK_OK(dynemb_lookup(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 4, o));
-  CHECK(o[0] == 0 && dynemb_table_size(t) == 2);
-  /* resumed: counting goes on */
+  /* resumed: counting goes on (fresh: 1 sighting now, 2 next time) */
   CHECK_OK(dynemb_table_set_admission_counting(t, 1));
   CHECK_OK(dynemb_lookup(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 5, o));
+  CHECK(o[0] == 0 && dynemb_table_size(t) == 2);
+  CHECK_OK(dynemb_lookup(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 5, o));
   CHECK(o[0] == 0.5f && dynemb_table_size(t) == 3);
+  /* a threshold of 1 needs no count: stopped or not, keys are admitted */
+  int64_t other = 8;
+  CHECK_OK(dynemb_table_set_admission_counting(t, 0));
+  CHECK_OK(dynemb_table_set_access_threshold(t, 1));
+  CHECK_OK(dynemb_lookup(t, &other, 1, DYNEMB_LOOKUP_TRAIN, 6, o));
+  CHECK(o[0] == 0.5f && dynemb_table_size(t) == 4);
   CHECK(dynemb_table_set_admission_counting(NULL, 0) == DYNEMB_EINVAL);
   done(t);
 }

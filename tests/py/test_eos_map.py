@@ -69,3 +69,28 @@ def test_ranks_end_together(tmp_path, limit, want):
     # rank r has 4 + 2r batches: every rank stops at the shortest (or the limit)
     assert [r["steps"] for r in results] == [[want, want]] * 3
     assert sum(r["rows"] for r in results) == 3 * 3 * want     # each rank's own ids
+
+
+def test_several_ranks_keep_the_element_structure(monkeypatch):
+    """The pipeline built for several ranks (here with the all-reduce
+    standing in: the structure is what is checked) gives dicts, tuples and
+    namedtuples back as they were."""
+    import collections
+    from dynemb.core import eos
+    monkeypatch.setattr(eos._state, "get_rank_size", lambda: 2)
+
+    class _Ops:
+        @staticmethod
+        def dynemb_allreduce(tensors, reduction, channel, ranks):
+            return [t * 2 for t in tensors]     # both ranks have the element
+
+    monkeypatch.setattr(eos._state, "sharded_ops", lambda: _Ops())
+    librec = import_host_pipeline_ops(LIBREC_EOS_OPS_SO)
+    P = collections.namedtuple("P", "ids y")
+    for ds in (tf.data.Dataset.from_tensor_slices({"a": np.arange(3)}),
+               tf.data.Dataset.from_tensor_slices((np.arange(3), np.arange(3.0))),
+               tf.data.Dataset.from_tensor_slices(P(np.arange(3), np.arange(3.0))),
+               tf.data.Dataset.range(3)):
+        out = ds.eos_map(librec, 0, -1, -1)
+        assert out.element_spec == ds.element_spec
+        assert len(_count(out)) == 3

@@ -27,7 +27,7 @@ def test_feature_spec_validation():
     s = FeatureSpec("user", table_name="users", access_threshold=3, eviction_threshold=100)
     assert s.index_key == "user" and not s.is_timestamp
     assert s.access_and_evict_config == {"access_threshold": 3, "eviction_threshold": 100,
-                                         "faae_coefficient": 1, "counting": True}
+                                         "faae_coefficient": 1}
     assert FeatureSpec("u", table_name="t").access_and_evict_config is None
     assert FeatureSpec("u", table_name="t", index_key="uid").index_key == "uid"
     assert FeatureSpec("user").table_name == "user"   # mxRec: the feature's name

@@ -186,3 +186,75 @@ def test_orphan_eval_lookup_without_eval_pipeline_reads_in_place():
     modify_graph_and_start_emb_cache()
     with tf.compat.v1.Session() as s:   # runs (no guard error): unseen ids read zeros
         np.testing.assert_array_equal(s.run(emb), np.zeros([2, 2], np.float32))
+
+
+def _fresh():
+    tf.compat.v1.reset_default_graph()
+    dynemb.clear_tables()
+    dynemb.init()
+
+
+def test_shared_constants_stay_in_the_step():
+    """A constant the moved ops share with the rest of the graph (a
+    variable's initializer, the dataset's own map) keeps being computed in
+    place: only the targets (the ids, the parsing ops' outputs) move."""
+    _fresh()
+    base = tf.constant([1, 5, 9], tf.int64, name="base")
+    w = tf.Variable(tf.cast(base, tf.float32), name="w")
+    ds = tf.data.Dataset.from_tensor_slices({"f": np.arange(16, dtype=np.int64)}).batch(3)
+    b = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    t = dynemb.create_table(tf.int64, 2, "t", tf.compat.v1.constant_initializer(0.5))
+    e_batch = dynemb.sparse_lookup(t, b["f"], modify_graph=True)
+    e_orphan = dynemb.sparse_lookup(t, base + 100, modify_graph=True)
+    OrphanLookupKeySlicerHook().begin()
+    modify_graph_and_start_emb_cache()
+    assert w.initializer.inputs[1].op.inputs[0].op.name == "base"
+    steps = 0
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())   # pulls no batch
+        while True:
+            try:
+                s.run([e_batch, e_orphan])
+                steps += 1
+            except tf.errors.OutOfRangeError:
+                break
+    assert steps == 6                                          # every batch trained
+
+    # a constant the dataset's map captures, next to a pushed op
+    _fresh()
+    scale = tf.constant(10, tf.int64, name="scale")
+    ds = tf.data.Dataset.from_tensor_slices({"s": np.array(["1", "2", "3", "4"])})
+    ds = ds.map(lambda d: dict(d, n=tf.strings.length(d["s"]) * 0 +
+                               tf.cast(scale, tf.int32))).batch(2)
+    b = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    parsed = tf.strings.to_number(b["s"], out_type=tf.int64) + scale
+    ACGPushOpsToDatasetHook().begin()
+    with tf.compat.v1.Session() as s:
+        assert s.run(parsed).tolist() == [11, 12]
+
+
+def test_two_pipelines_sharing_a_constant():
+    _fresh()
+    sep = tf.constant(",", name="sep")
+    got = []
+    for name, rows in (("train", ["1,2", "3,4"]), ("eval", ["5,6", "7,8"])):
+        ds = tf.data.Dataset.from_tensor_slices(np.array(rows)).batch(2)
+        b = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        got.append(tf.strings.to_number(tf.strings.split(b, sep).values,
+                                        out_type=tf.int64, name=name + "_parse"))
+    report = __import__("dynemb.graph.slicing", fromlist=["x"]).push_ops_to_dataset()
+    assert len(report.iterators) == 2
+    with tf.compat.v1.Session() as s:
+        assert [v.tolist() for v in s.run(got)] == [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+
+def test_a_train_orphan_never_joins_an_eval_pipeline():
+    _fresh()
+    t = dynemb.create_table(tf.int64, 2, "t", tf.compat.v1.constant_initializer(0.5))
+    ds = tf.data.Dataset.from_tensor_slices({"f": np.arange(8, dtype=np.int64)}).batch(2)
+    ev = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+    dynemb.sparse_lookup(t, ev["f"], is_train=False, modify_graph=True)
+    dynemb.sparse_lookup(t, tf.constant([1, 2], tf.int64), modify_graph=True,
+                         name="train_orphan")
+    with pytest.raises(SlicingError, match="train_orphan.*no iterator"):
+        OrphanLookupKeySlicerHook().begin()

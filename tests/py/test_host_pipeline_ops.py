@@ -194,14 +194,15 @@ def test_threshold_out_of_range_is_refused():
 
 def test_feature_spec_and_lookup_config_threshold_zero():
     """mxRec's access_threshold=0 in a FeatureSpec or access_and_evict_config:
-    admission without counting new sightings; None and -1 are off."""
+    admission without counting, where a count of 0 reaches the threshold: at
+    once (as before this change); None and -1 are off."""
     from dynemb.core.asc.feature_spec import FeatureSpec
     assert FeatureSpec("f", table_name="x", access_threshold=0).access_and_evict_config[
-        "counting"] is False
-    t, ids, train = _fed_model(0, name="frozen")
+        "access_threshold"] == 0
+    t, ids, train = _fed_model(0, name="zero_cfg")
     with tf.compat.v1.Session() as s:
         s.run(train, {ids: [4, 4, 5]})
-        assert t.size() == 0 and _candidates("frozen") == {}
+        assert t.size() == 2 and _candidates("zero_cfg") == {}
     off = _table("off", gradient_descent.create_hash_optimizer(learning_rate=1.0))
     e = dynemb.sparse_lookup(off, ids, access_and_evict_config={
         "access_threshold": None, "eviction_threshold": -1, "faae_coefficient": None})
@@ -385,3 +386,23 @@ def test_hashtable_collection_holds_the_tables():
     assert tf.compat.v1.get_collection(name) == [a.variable, b.variable]
     with pytest.raises(ValueError, match="1 to 255"):
         cfg.ascend_global_hashtable_collection = ""
+
+
+def test_target_batch_keeps_its_keys_when_the_script_changes_the_dict():
+    opt = gradient_descent.create_hash_optimizer(learning_rate=0.1)
+    t = _table("popped", opt)
+    ds = tf.data.Dataset.from_tensor_slices({"a_label": np.zeros(4, np.float32),
+                                             "item": np.arange(4, dtype=np.int64),
+                                             "user": np.arange(4, dtype=np.int64) + 100})
+    batch = tf.compat.v1.data.make_initializable_iterator(ds.batch(2)).get_next()
+    label = batch.pop("a_label")          # scripts take keys out of the batch...
+    batch["extra"] = label * 2             # ...and put others in
+    e = dynemb.sparse_lookup(t, batch["user"], modify_graph=True)
+    _train_op(opt, tf.reduce_sum(e))
+    modify_graph_and_start_emb_cache()
+    target = ConfigInitializer.get_instance().train_params_config.get_target_batch(True)
+    assert sorted(target) == ["a_label", "item", "user"]
+    with tf.compat.v1.Session() as s:
+        s.run(ConfigInitializer.get_instance().train_params_config.get_initializer(True))
+        got = s.run(target)
+    assert got["user"].tolist() == [100, 101] and got["item"].tolist() == [0, 1]

@@ -43,7 +43,7 @@ from typing import Any, Iterable, Iterator, Optional
 import tensorflow as tf
 
 from dynemb import _lib, _state
-from dynemb.core.tables import EXPORT_FIELDS
+from dynemb.core.tables import EXPORT_FIELDS, TABLE_SAVEABLES
 from dynemb.util.log import logger
 
 LEGACY_SUFFIX = ".dynemb"  # <checkpoint prefix>.dynemb: earlier versions' tiered rows
@@ -457,6 +457,16 @@ def _restore_from_tensors(sess: Any, save_path: str, names: list[str]) -> None:
     del sess
 
 
+def _saves_tables(saver: Any) -> bool:
+    """Whether `saver` holds dynemb tables: its default var list (every
+    global variable and saveable) or one that names a table's marker."""
+    var_list = getattr(saver, "_var_list", None)
+    if var_list is None:
+        return True
+    values = var_list.values() if isinstance(var_list, dict) else var_list
+    return any(isinstance(v, TABLE_SAVEABLES) for v in values)
+
+
 def _versioned(save_path: str) -> str:
     """mxRec's init(is_incremental_checkpoint=True, restore_model_version=V):
     Saver.restore loads the checkpoint of step V next to the one it is
@@ -469,8 +479,10 @@ def _versioned(save_path: str) -> str:
     m = re.match(r"^(.*?)(-\d+)?$", base)
     path = os.path.join(directory, "%s-%d" % (m.group(1), version))
     if path != save_path and not tf.io.gfile.exists(path + ".index"):
-        have = sorted(int(p.rsplit("-", 1)[1].split(".")[0]) for p in
-                      tf.io.gfile.glob(os.path.join(directory, m.group(1) + "-*.index")))
+        step_of = re.compile(re.escape(m.group(1)) + r"-(\d+)\.index")
+        have = sorted(int(f.group(1)) for f in (
+            step_of.fullmatch(os.path.basename(p)) for p in
+            tf.io.gfile.glob(os.path.join(directory, m.group(1) + "-*.index"))) if f)
         raise ValueError("init(restore_model_version=%d): there is no checkpoint '%s' (%s); "
                          "pass one of the saved steps, or leave restore_model_version out "
                          "to load the latest" % (version, path, "saved steps: " + ", ".join(
@@ -482,10 +494,11 @@ def _versioned(save_path: str) -> str:
 
 
 def _restore(self, sess, save_path):
-    save_path = _versioned(save_path)
-    out = _orig_restore(self, sess, save_path)
     graph = getattr(sess, "graph", None)
     names = _saved_tables(graph) if graph is not None and save_path else []
+    if names and _saves_tables(self):  # (a Saver of other variables loads its path)
+        save_path = _versioned(save_path)
+    out = _orig_restore(self, sess, save_path)
     if not names:
         return out
     sparse, legacy = sparse_dir(save_path), save_path + LEGACY_SUFFIX

@@ -81,8 +81,8 @@ def eos_map(dataset: tf.data.Dataset, libreco: Any, channel_id: int,
     structure = dataset.element_spec
     channel = _state.next_exchange_channel()
 
-    def tag(*x):  # tf.data passes a tuple element's parts as arguments
-        return tf.constant(1.0), (x if isinstance(structure, tuple) else x[0])
+    def tag(*x):  # tf.data passes a tuple's parts (not a namedtuple's) as arguments
+        return tf.constant(1.0), (x if type(structure) is tuple else x[0])
 
     def agree(flag, element):
         total = _state.sharded_ops().dynemb_allreduce(

@@ -71,8 +71,8 @@ def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[
     if bad:
         raise ValueError("sparse_lookup('%s'): unknown access_and_evict_config keys %s; "
                          "known: %s" % (table.table_name, bad, list(_EVICT_KEYS)))
-    # mxRec: None (the default) and -1 are off; an access_threshold of 0
-    # stops the counting of sightings (the table's threshold stays).
+    # mxRec: None (the default) and -1 are off; 0 admits without counting
+    # (a count of 0 reaches it): at once.
     given = {k: cfg.get(k) for k in _EVICT_KEYS}
     out = {"access_threshold": 0 if given["access_threshold"] in (None, -1)
            else given["access_threshold"],
@@ -81,8 +81,7 @@ def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[
            "faae_coefficient": _state.check_faae(
                "sparse_lookup('%s')" % table.table_name,
                1 if given["faae_coefficient"] is None else given["faae_coefficient"]),
-           "eviction_clock": given["eviction_clock"] or "step",
-           "counting": given["access_threshold"] != 0}
+           "eviction_clock": given["eviction_clock"] or "step"}
     for k in ("access_threshold", "eviction_threshold"):
         v = out[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (
@@ -237,9 +236,9 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         st.evict_configs[tname] = evict_cfg
         hashtable.access_and_evict_config = evict_cfg
         with _lib.table_handle(tname, no_longer_registered(tname)) as h:
-            _state.set_table_threshold(
-                h, evict_cfg["access_threshold"], evict_cfg["faae_coefficient"],
-                "sparse_lookup('%s')" % tname, counting=evict_cfg["counting"])
+            _state.set_table_threshold(h, evict_cfg["access_threshold"],
+                                       evict_cfg["faae_coefficient"],
+                                       "sparse_lookup('%s')" % tname)
             _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
                 h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
     dim = hashtable.dim

@@ -391,7 +391,9 @@ def patch_iterator() -> None:
         if flat and all(isinstance(t, tf.Tensor) and t.op is flat[0].op for t in flat) \
                 and flat[0].op.type in GET_NEXT_TYPES \
                 and [t.name for t in flat] == [t.name for t in flat[0].op.outputs]:
-            _state.graph_state(flat[0].graph).batch_structures[flat[0].op.name] = out
+            # (a copy: scripts pop and add keys of the dict they get)
+            _state.graph_state(flat[0].graph).batch_structures[flat[0].op.name] = \
+                tf.nest.map_structure(lambda t: t, out)
         return out
 
     get_next._dynemb = True  # pylint: disable=protected-access

@@ -130,39 +130,49 @@ def _subgraph(seeds: Sequence[tf.Operation]):
 
 
 def move_to_pipeline(graph: tf.Graph, get_next: tf.Operation, ops: List[tf.Operation],
-                     name: str) -> int:
-    """Moves `ops` (replay order; computed from `get_next` and constants) into
-    `get_next`'s pipeline: every use outside `ops` of one of their outputs
-    reads the rebuilt iterator's component instead. Returns how many tensors
-    were moved (0: no op outside `ops` used them, nothing changed)."""
+                     targets: Sequence[tf.Tensor], name: str) -> int:
+    """Computes `targets` (outputs of `ops`; `ops` in replay order, computed
+    from `get_next` and constants) in `get_next`'s pipeline: the step's ops
+    that read a target read the rebuilt iterator's component instead. The
+    other outputs of `ops` keep being computed where they are, so that a
+    constant or an intermediate tensor that other parts of the graph (a
+    variable's initializer, the dataset itself) share is never switched to
+    the iterator. Returns how many targets were moved (0: nothing read
+    them, nothing changed)."""
     inside = {op.name for op in ops}
-    boundary: List[tf.Tensor] = []
-    for op in ops:
-        for t in op.outputs:
-            if any(c.name not in inside for c in t.consumers()):
-                boundary.append(t)
-    if not boundary:
+    targets = [t for t in targets if any(_rewirable(c, inside) for c in t.consumers())]
+    if not targets:
         return 0
 
     def extra_fn(components: List[tf.Tensor]) -> List[tf.Tensor]:
         mapping = replay_ops(get_next, ops, components, prefix="sliced")
-        return [mapping[t.name] for t in boundary]
+        return [mapping[t.name] for t in targets]
 
     try:
         ext = extend_iterator(get_next, extra_fn, prefetch=0, name=name)
     except PipelineError as e:
         raise SlicingError(str(e)) from None
     moved: Dict[str, tf.Tensor] = {}
-    for old, new in zip(boundary, ext.extras):
+    for old, new in zip(targets, ext.extras):
         new.set_shape(new.shape.merge_with(old.shape))
-        replace_uses(old, new, keep=ops)
+        replace_uses(old, new, keep=[c for c in old.consumers()
+                                     if not _rewirable(c, inside)])
         moved[old.name] = new
     # The records that name a moved tensor (a lookup's ids) name the new one,
     # so that graph modification traces what the lookups now read.
     for r in _state.graph_state(graph).lookups:
         if r["ids"].name in moved:
             r["ids"] = moved[r["ids"].name]
-    return len(boundary)
+    return len(targets)
+
+
+def _rewirable(consumer: tf.Operation, inside: set) -> bool:
+    """Whether `consumer` of a moved tensor should read the pipeline's copy:
+    ops of the step, not the moved ops themselves nor the ops that build
+    datasets and iterators (rewiring those would make the iterator read
+    itself)."""
+    return consumer.name not in inside and "Dataset" not in consumer.type and \
+        consumer.type not in ("MakeIterator", "OneShotIterator", "IteratorV2", "Iterator")
 
 
 def _skip_reason(op: tf.Operation) -> Optional[str]:
@@ -202,10 +212,13 @@ def _move_groups(graph: tf.Graph, seeds: Iterable[tf.Operation], report: SliceRe
             continue
         groups.setdefault(srcs[0].name, []).append(op)
         get_nexts[srcs[0].name] = srcs[0]
-    for gname, group in groups.items():
-        _, _, order = _subgraph(group)
+    # (every group's subgraph is found before any is moved)
+    plans = [(gname, group, _subgraph(group)[2]) for gname, group in groups.items()]
+    for gname, group, order in plans:
         get_next = get_nexts[gname]
-        if move_to_pipeline(graph, get_next, order, name + "_" + gname.replace("/", "_")):
+        targets = [t for op in group for t in op.outputs]
+        if move_to_pipeline(graph, get_next, order, targets,
+                            name + "_" + gname.replace("/", "_")):
             report.iterators.append(get_next.inputs[0].op.name)
             for op in group:
                 report.moved[op.type] = report.moved.get(op.type, 0) + 1
@@ -275,8 +288,8 @@ def slice_orphan_keys(graph: Optional[tf.Graph] = None,
         for r in orphans:
             train = bool(r["is_train"])
             candidates = list(used[train].values())
-            if not candidates and train:
-                candidates = _alive_get_nexts(graph)
+            if not candidates and train:  # (never an iterator eval lookups read)
+                candidates = [g for g in _alive_get_nexts(graph) if g.name not in used[False]]
             if not candidates:
                 if train:
                     raise SlicingError(
@@ -296,7 +309,7 @@ def slice_orphan_keys(graph: Optional[tf.Graph] = None,
                     f"the batch of the one they belong to")
             get_next = candidates[0]
             _, _, order = walk(_ids_tensor(r))
-            if move_to_pipeline(graph, get_next, order,
+            if move_to_pipeline(graph, get_next, order, [_ids_tensor(r)],
                                 "dynemb_orphan_" + get_next.name.replace("/", "_")):
                 report.moved["orphan lookup ids"] = \
                     report.moved.get("orphan lookup ids", 0) + 1

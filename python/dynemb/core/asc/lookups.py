@@ -97,7 +97,7 @@ def _set_thresholds(graph: tf.Graph, spec: FeatureSpec) -> None:
                          f"registered; create it with create_table() first")
     with _lib.table_handle(spec.table_name, missing) as h:
         _state.set_table_threshold(h, cfg["access_threshold"], cfg["faae_coefficient"],
-                                   f"FeatureSpec('{spec.name}')", counting=cfg["counting"])
+                                   f"FeatureSpec('{spec.name}')")
         _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
             h, ctypes.c_int64(cfg["eviction_threshold"])), f"FeatureSpec('{spec.name}')")
     # EvictHook reads the graph's eviction settings from here.

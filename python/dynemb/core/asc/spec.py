@@ -105,9 +105,7 @@ class FeatureSpec:
             return None
         return {"access_threshold": self.access_threshold or 0,
                 "eviction_threshold": self.eviction_threshold or 0,
-                "faae_coefficient": self.faae_coefficient,
-                # mxRec's 0: the counting of sightings stops
-                "counting": self.access_threshold != 0}
+                "faae_coefficient": self.faae_coefficient}
 
     def __repr__(self) -> str:
         return (f"FeatureSpec({self.name!r}, table_name={self.table_name!r}, "
