@@ -138,7 +138,10 @@ def main():
                            **cache_sizes())
               for n in ("user_table", "item_table")]
     train_specs, eval_specs = feature_specs(True), feature_specs(False)
-    train_it, train_batch = dataset(1, TRAIN_STEPS + 2, train_specs, True)
+    # exactly the batches the steps train on: a pipeline that prepares ahead
+    # (graph modification's, or tf.data's own prefetch) then admits the ids of
+    # these batches and no others, so row counts compare across modes
+    train_it, train_batch = dataset(1, TRAIN_STEPS, train_specs, True)
     eval_it, eval_batch = dataset(2, 200, eval_specs, False)
     if TIMESTAMP and MODIFY:  # (FeatureSpec mode: the timestamp FeatureSpec)
         assert tf.compat.v1.get_collection(ASCEND_TIMESTAMP)
@@ -212,10 +215,15 @@ def main():
             time.sleep(0.3)
     sizes = [t.size() for t in tables]
     terminate_config_initializer()
-    print("RESULT mode=%s step=%d first_loss=%.4f last_loss=%.4f evals=%s sizes=%s"
+    # the item ids of the batches the steps trained on (a prepared pipeline
+    # also admits the ids of the batches it prefetched beyond them)
+    trained = [b["item_ids"] for b, _ in zip(batches(1, TRAIN_STEPS), range(len(losses)))]
+    seen_items = len(np.unique(np.concatenate(trained))) if trained else 0
+    print("RESULT mode=%s step=%d first_loss=%.4f last_loss=%.4f evals=%s sizes=%s "
+          "seen_items=%d"
           % (ENV["USE_MODE"], step, losses[0] if losses else float("nan"),
              losses[-1] if losses else float("nan"),
-             ",".join("%.4f" % e for e in evals), ",".join(map(str, sizes))))
+             ",".join("%.4f" % e for e in evals), ",".join(map(str, sizes)), seen_items))
 
 
 if __name__ == "__main__":
