@@ -76,7 +76,7 @@ pytest_run() {  # LABEL PYTHON [VAR=VALUE...]: one pytest run over tests/py, cou
   local cores; cores=$(nproc 2>/dev/null || echo 1)
   if [ "${PYTEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}" -gt 1 ] 2>/dev/null &&
      "$py" -c "import xdist" 2>/dev/null; then
-    par=(-n "${PYTEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}")
+    par=(-n "${PYTEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}" --dist loadgroup)
   fi
   echo "== pytest ($label${par:+, ${par[1]} workers})"
   out=$(env "$@" "$py" -m pytest -q -rs -p no:cacheprovider "${par[@]}" tests/py 2>&1); rc=$?

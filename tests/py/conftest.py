@@ -72,7 +72,22 @@ def _uses_estimator(item) -> bool:
     return "tf.estimator" in src or "tensorflow_estimator" in src
 
 
+# Modules whose every test runs under mpirun.
+_MPI_MODULES = {"test_sharded_training", "test_sharded_estimator", "test_sharded_faults",
+                "test_mpi_launch"}
+
+
 def pytest_collection_modifyitems(config, items):
+    # Multi-rank tests (pinned_only without a reason of their own) run one
+    # after the other on one pytest-xdist worker (--dist loadgroup): Open MPI's
+    # ranks poll while they wait, and two mpirun jobs at once on a small
+    # machine slow each other down far more than they gain.
+    for item in items:
+        mark = item.get_closest_marker("pinned_only")
+        module = item.module.__name__ if item.module is not None else ""
+        if (mark is not None and not mark.kwargs.get("reason")) or \
+                module in _MPI_MODULES or "two_ranks" in item.name:
+            item.add_marker(pytest.mark.xdist_group("mpi"))
     if ESTIMATOR_REMOVED:  # (the compatibility run: TensorFlow >= 2.16)
         for item in items:
             mark = item.get_closest_marker("pinned_only")
