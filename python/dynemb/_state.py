@@ -35,7 +35,9 @@ from typing import Any, Callable, Dict, List, Optional
 import tensorflow as tf
 
 from dynemb import _lib
-from dynemb.constants.constants import ASCEND_GLOBAL_HASHTABLE_COLLECTION, DYNEMB_SPARSE_VARIABLES
+from dynemb.constants.constants import (ASCEND_GLOBAL_HASHTABLE_COLLECTION,
+                                       DYNEMB_SPARSE_VARIABLES, EVAL_CHANNEL_ID,
+                                       TRAIN_CHANNEL_ID)
 from dynemb.util.log import logger
 
 # --------------------------------------------------------------------------
@@ -367,7 +369,8 @@ class TrainParamsConfig:
     def get_training_mode_channel_id(self, is_training: bool) -> int:
         """The data channel of the train (0) or eval (1) pipeline, the ids
         clear_channel takes."""
-        return 0 if _is_training(is_training, "get_training_mode_channel_id") else 1
+        return TRAIN_CHANNEL_ID if _is_training(is_training, "get_training_mode_channel_id") \
+            else EVAL_CHANNEL_ID
 
     @property
     def ascend_global_hashtable_collection(self) -> str:

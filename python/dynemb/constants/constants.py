@@ -24,6 +24,10 @@ ASCEND_GLOBAL_HASHTABLE_COLLECTION = "ASCEND_GLOBAL_HASHTABLE_COLLECTION"
 # import_host_pipeline_ops(so_pkg_name=...) and the end-of-sequence dataset
 # ops. They are names only: dynemb loads no such library (its ops are in
 # _dynemb_ops.so, found by dynemb._lib).
+# Data channels of the train and eval pipelines (mxRec's ids: what
+# get_training_mode_channel_id, clear_channel and eos_map take).
+TRAIN_CHANNEL_ID, EVAL_CHANNEL_ID = 0, 1
+
 LIBASC_OPS_SO = "libasc_ops.so"
 LIBREC_EOS_OPS_SO = "librec_eos_ops.so"
 # (mxRec's examples pass it to import_host_pipeline_ops for return_timestamp)

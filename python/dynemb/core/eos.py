@@ -30,9 +30,10 @@ from typing import Any
 import tensorflow as tf
 
 from dynemb import _state
+from dynemb.constants.constants import EVAL_CHANNEL_ID, TRAIN_CHANNEL_ID
 from dynemb.util.log import logger
 
-TRAIN_CHANNEL, EVAL_CHANNEL = 0, 1
+TRAIN_CHANNEL, EVAL_CHANNEL = TRAIN_CHANNEL_ID, EVAL_CHANNEL_ID
 
 
 def _int(value: Any, what: str) -> int:

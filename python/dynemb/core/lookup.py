@@ -206,16 +206,16 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     per_lookup_default = None
     if serving_default_value is not None:
         numbers = constant_default_value(serving_default_value, tname)
-        if numbers is not None and numbers.size in (1, hashtable.dim):
-            numbers = np.broadcast_to(numbers.reshape(-1), [hashtable.dim])
-        if numbers is not None and (hashtable.default_value is None or numbers.size !=
-                                    hashtable.dim or
-                                    np.array_equal(numbers, hashtable.default_value)):
-            set_default_value(hashtable, serving_default_value)  # the table's own
+        dim = hashtable.dim
+        if numbers is not None and (
+                hashtable.default_value is None or numbers.size not in (1, dim) or
+                np.array_equal(np.broadcast_to(numbers.reshape(-1), [dim]),
+                               hashtable.default_value)):
+            set_default_value(hashtable, numbers)  # the table's own (or its size error)
         else:  # batch-computed, or another lookup's value: this lookup's own
             per_lookup_default = serving_default_value
     from_spec = isinstance(ids, FeatureSpec)
-    if isinstance(ids, FeatureSpec):
+    if from_spec:
         # Explicit FeatureSpec mode: the spec's ids come from `batch` (the
         # dataset mapped by get_asc_insert_func); dynemb.core.asc sets the
         # spec's thresholds and later switches the lookup to its pipeline.

@@ -37,6 +37,7 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from dynemb import _lib, _state
+from dynemb.graph.pipeline import replace_uses
 from dynemb.graph.trace import replay, walk, Trace
 from dynemb.util.log import logger
 
@@ -88,10 +89,7 @@ def switch_found(record: dict, tickets: tf.Tensor) -> None:
         return
     with found.graph.as_default(), found.graph.name_scope(None):
         admitted = tf.reshape(admitted_of(tickets), [-1], name="dynemb_admitted")
-    for consumer in list(found.consumers()):
-        for i, inp in enumerate(consumer.inputs):
-            if inp is found:
-                consumer._update_input(i, admitted)  # pylint: disable=protected-access
+    replace_uses(found, admitted)
 
 
 def admitted_of(tickets: tf.Tensor) -> tf.Tensor:

@@ -107,10 +107,6 @@ def _pending_lookups(graph: tf.Graph, what: str) -> List[dict]:
     return records
 
 
-def _ids_tensor(record: dict) -> tf.Tensor:
-    return record["ids"]
-
-
 def _subgraph(seeds: Sequence[tf.Operation]):
     """(get_next ops, blockers, ops in replay order) of the seeds' dependencies."""
     sources: Dict[str, tf.Operation] = {}
@@ -237,7 +233,7 @@ def slice_lookup_subgraphs(op_types: Sequence[str], graph: Optional[tf.Graph] = 
     records = _pending_lookups(graph, what)
     seeds: "OrderedDict[str, tf.Operation]" = OrderedDict()
     for r in records:
-        _, _, order = walk(_ids_tensor(r))
+        _, _, order = walk(r["ids"])
         for op in order:
             if op.type in types:
                 seeds[op.name] = op
@@ -271,7 +267,7 @@ def slice_orphan_keys(graph: Optional[tf.Graph] = None,
     used: Dict[bool, "OrderedDict[str, tf.Operation]"] = {True: OrderedDict(),
                                                           False: OrderedDict()}
     for r in records:
-        srcs, blockers, _ = walk(_ids_tensor(r))
+        srcs, blockers, _ = walk(r["ids"])
         if srcs:
             for s in srcs:
                 used[bool(r["is_train"])][s.name] = s
@@ -308,8 +304,8 @@ def slice_orphan_keys(graph: Optional[tf.Graph] = None,
                     f"({', '.join(sorted(c.name for c in candidates))}); compute them from "
                     f"the batch of the one they belong to")
             get_next = candidates[0]
-            _, _, order = walk(_ids_tensor(r))
-            if move_to_pipeline(graph, get_next, order, [_ids_tensor(r)],
+            _, _, order = walk(r["ids"])
+            if move_to_pipeline(graph, get_next, order, [r["ids"]],
                                 "dynemb_orphan_" + get_next.name.replace("/", "_")):
                 report.moved["orphan lookup ids"] = \
                     report.moved.get("orphan lookup ids", 0) + 1
@@ -317,7 +313,7 @@ def slice_orphan_keys(graph: Optional[tf.Graph] = None,
                 # The iterator was rebuilt: later orphans of this mode join
                 # the new one.
                 used[train] = OrderedDict(
-                    (s.name, s) for s in walk(_ids_tensor(r))[0])
+                    (s.name, s) for s in walk(r["ids"])[0])
     report.log()
     return report
 
@@ -396,7 +392,7 @@ class OrphanLookupKeySlicer:
     def summarize(self) -> None:
         graph = self._graph or tf.compat.v1.get_default_graph()
         n = sum(1 for r in _state.graph_state(graph).lookups
-                if r.get("modify_graph") and not walk(_ids_tensor(r))[0])
+                if r.get("modify_graph") and not walk(r["ids"])[0])
         logger.info("OrphanLookupKeySlicer: %d modify_graph lookup(s) read ids from no "
                     "iterator", n)
 

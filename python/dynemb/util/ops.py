@@ -32,12 +32,13 @@ import tensorflow as tf
 from tensorflow.python.framework.func_graph import FuncGraph
 
 from dynemb import _lib, _state
-from dynemb.constants.constants import ASCEND_TIMESTAMP, LIBASC_OPS_SO
+from dynemb.constants.constants import (ASCEND_TIMESTAMP, EVAL_CHANNEL_ID, LIBASC_OPS_SO,
+                                       TRAIN_CHANNEL_ID)
 from dynemb.graph.trace import GET_NEXT_TYPES
 from dynemb.util.log import logger
 
 # Channel ids of get_training_mode_channel_id(True / False), mxRec's values.
-TRAIN_CHANNEL, EVAL_CHANNEL = 0, 1
+TRAIN_CHANNEL, EVAL_CHANNEL = TRAIN_CHANNEL_ID, EVAL_CHANNEL_ID
 _MAX_THRESHOLD = 2 ** 32 - 1
 
 
