@@ -27,9 +27,10 @@ static int no_stats(dynemb_apply_stats *stats) {
   return DYNEMB_OK;
 }
 
-int __wrap_dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n,
-                         int mode, int64_t now, float *out) {
-  (void)keys, (void)mode, (void)now;
+int __wrap_dynemb_lookup_weighted(dynemb_table *t, const int64_t *keys,
+                                  size_t n, int mode, int64_t now,
+                                  uint32_t weight, float *out) {
+  (void)keys, (void)mode, (void)now, (void)weight;
   return zero_rows(t, n, out);
 }
 
@@ -40,9 +41,10 @@ int __wrap_dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
   return zero_rows(t, n, out);
 }
 
-int __wrap_dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n,
-                          int mode, int64_t now, dynemb_ticket *tickets) {
-  (void)t, (void)keys, (void)mode, (void)now;
+int __wrap_dynemb_prepare_weighted(dynemb_table *t, const int64_t *keys,
+                                   size_t n, int mode, int64_t now,
+                                   uint32_t weight, dynemb_ticket *tickets) {
+  (void)t, (void)keys, (void)mode, (void)now, (void)weight;
   memset(tickets, 0xff, n * sizeof *tickets); /* DYNEMB_NOT_ADMITTED */
   return DYNEMB_OK;
 }

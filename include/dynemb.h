@@ -330,6 +330,18 @@ typedef uint64_t dynemb_ticket;
 DYNEMB_API int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n,
                               int mode, int64_t now, dynemb_ticket *tickets);
 
+/* dynemb_lookup and dynemb_prepare with each occurrence of a key without a
+ * row counting `weight` sightings towards access_threshold instead of one
+ * (mxRec's faae_coefficient: the features that share a table weigh their
+ * sightings differently). weight: 1 .. 2^31-1; counts saturate. */
+DYNEMB_API int dynemb_lookup_weighted(dynemb_table *t, const int64_t *keys,
+                                      size_t n, int mode, int64_t now,
+                                      uint32_t weight, float *out);
+DYNEMB_API int dynemb_prepare_weighted(dynemb_table *t, const int64_t *keys,
+                                       size_t n, int mode, int64_t now,
+                                       uint32_t weight,
+                                       dynemb_ticket *tickets);
+
 /* Reads the rows of a prepared batch: what a TRAIN lookup at prepare time
  * would have returned (rows updated since are read as they are now).
  * Tickets must come from dynemb_prepare on this table for these keys;

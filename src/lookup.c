@@ -39,9 +39,9 @@ typedef struct lookup_counts {
 static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
                          const int64_t *keys, const uint64_t *hs,
                          const uint32_t *miss, uint32_t nmiss, uint32_t now,
-                         uint32_t threshold, int counting, float *out,
-                         dynemb_ticket *tickets, dynemb_index_spare *spare,
-                         lookup_counts *lc) {
+                         uint32_t threshold, int counting, uint32_t weight,
+                         float *out, dynemb_ticket *tickets,
+                         dynemb_index_spare *spare, lookup_counts *lc) {
   const uint32_t shard = (uint32_t)(sh - t->shards);
   const size_t dim = (size_t)t->dim, rbytes = dim * sizeof(float);
   const int ssd = dynemb_ssd_on(&t->ssd);
@@ -93,9 +93,11 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
           rc = dynemb_tier_insert_error(t, DYNEMB_ENOMEM);
           break;
         }
-        c = dynemb_index_insert(&sh->cands, key, h, 1, now);
-      } else {
-        if (c->loc < DYNEMB_LOC_EMPTY - 1) c->loc++;
+        c = dynemb_index_insert(&sh->cands, key, h, weight, now);
+      } else { /* (saturating below the empty mark) */
+        c->loc = c->loc < DYNEMB_LOC_EMPTY - 1 - weight
+                     ? c->loc + weight
+                     : DYNEMB_LOC_EMPTY - 1;
         if (c->last_access < now) c->last_access = now;
       }
       if (c->loc < threshold) {
@@ -135,7 +137,7 @@ static int lookup_misses(dynemb_table *t, dynemb_shard *sh,
 /* `out` (may be NULL: prepare) gets the rows, `tickets` (may be NULL: a
  * plain lookup) the admission tickets. */
 static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
-                       int train, uint32_t now, float *out,
+                       int train, uint32_t now, uint32_t weight, float *out,
                        dynemb_ticket *tickets,
                        lookup_counts *lc) {
   const size_t S = t->nshards, dim = (size_t)t->dim;
@@ -282,8 +284,8 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
         dynemb_index_spare spare = {NULL, 0, NULL};
         if (grow[s] > 0) (void)dynemb_index_spare_make(grow[s], &spare);
         rc = lookup_misses(t, &t->shards[s], keys, hs, order + begin,
-                           end - begin, now, threshold, counting, out,
-                           tickets, &spare, lc);
+                           end - begin, now, threshold, counting, weight,
+                           out, tickets, &spare, lc);
         dynemb_index_spare_free(&spare);
       }
       begin = end;
@@ -297,7 +299,7 @@ static int lookup_part(dynemb_table *t, const int64_t *keys, size_t n,
 /* dynemb_lookup (`out`) and dynemb_prepare (`tickets`): the public
  * functions check their own buffer. */
 static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
-                       int mode, int64_t now, float *out,
+                       int mode, int64_t now, uint32_t weight, float *out,
                        dynemb_ticket *tickets, const char *fn) {
   dynemb_error_clear();
   if (!t) return dynemb_table_null_error(fn);
@@ -306,6 +308,11 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
                             "table '%s': lookup mode %d is unknown; use "
                             "DYNEMB_LOOKUP_TRAIN or DYNEMB_LOOKUP_EVAL",
                             t->name, mode);
+  if (weight < 1 || weight > INT32_MAX)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': %s with a sighting weight of %u; "
+                            "the weight (faae_coefficient) is 1 .. 2^31-1",
+                            t->name, fn, weight);
   int rc = dynemb_table_check_now(t, now);
   if (rc) return rc;
   if (n == 0) return DYNEMB_OK;
@@ -320,7 +327,7 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
   for (size_t off = 0; off < n && !rc; off += part) {
     size_t m = n - off < part ? n - off : part;
     rc = lookup_part(t, keys + off, m, mode == DYNEMB_LOOKUP_TRAIN,
-                     (uint32_t)now, out ? out + off * (size_t)t->dim : NULL,
+                     (uint32_t)now, weight, out ? out + off * (size_t)t->dim : NULL,
                      tickets ? tickets + off : NULL, &lc);
   }
   if (mode == DYNEMB_LOOKUP_TRAIN) clock_advance(t, (uint32_t)now);
@@ -332,26 +339,39 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
   return rc;
 }
 
-int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
-                  int64_t now, float *out) {
+int dynemb_lookup_weighted(dynemb_table *t, const int64_t *keys, size_t n,
+                           int mode, int64_t now, uint32_t weight, float *out) {
   if (t && n && keys && !out) {
     dynemb_error_clear();
     return dynemb_error_set(DYNEMB_EINVAL, "table '%s': lookup of %zu keys got "
                             "a NULL output buffer; pass valid keys and output "
                             "buffers", t->name, n);
   }
-  return lookup_impl(t, keys, n, mode, now, out, NULL, "dynemb_lookup");
+  return lookup_impl(t, keys, n, mode, now, weight, out, NULL,
+                     "dynemb_lookup");
 }
 
-int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
-                   int64_t now, dynemb_ticket *tickets) {
+int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
+                  int64_t now, float *out) {
+  return dynemb_lookup_weighted(t, keys, n, mode, now, 1, out);
+}
+
+int dynemb_prepare_weighted(dynemb_table *t, const int64_t *keys, size_t n,
+                            int mode, int64_t now, uint32_t weight,
+                            dynemb_ticket *tickets) {
   if (t && n && keys && !tickets) {
     dynemb_error_clear();
     return dynemb_error_set(DYNEMB_EINVAL, "table '%s': prepare of %zu keys "
                             "got a NULL tickets buffer; pass room for one "
                             "ticket per key", t->name, n);
   }
-  return lookup_impl(t, keys, n, mode, now, NULL, tickets, "dynemb_prepare");
+  return lookup_impl(t, keys, n, mode, now, weight, NULL, tickets,
+                     "dynemb_prepare");
+}
+
+int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
+                   int64_t now, dynemb_ticket *tickets) {
+  return dynemb_prepare_weighted(t, keys, n, mode, now, 1, tickets);
 }
 
 /* dynemb_lookup_prepared: rows copied from their tickets' places under the
@@ -432,7 +452,7 @@ static int lookup_prepared_part(dynemb_table *t, const int64_t *keys,
                             t->name, n);
     } else {
       for (size_t j = 0; j < nstale; j++) sk[j] = keys[stale[j]];
-      rc = lookup_part(t, sk, nstale, 0, 0, so, NULL, lc);
+      rc = lookup_part(t, sk, nstale, 0, 0, 1, so, NULL, lc);
       for (size_t j = 0; !rc && j < nstale; j++)
         memcpy(out + (size_t)stale[j] * dim, so + j * dim, rbytes);
     }

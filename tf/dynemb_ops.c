@@ -20,6 +20,8 @@
  *                 -> float [n, dim]
  *   DynembPrepare ids, now -> tickets int64 (ids' shape; -1 =
  *                 DYNEMB_NOT_ADMITTED): dynemb_prepare
+ *   (Both: attr faae_coefficient, the sightings one occurrence counts for
+ *   admission: dynemb_lookup_weighted / dynemb_prepare_weighted.)
  *   DynembApply   keys int64 [n], grads float [n, dim], learning_rate float
  *                 scalar, trainable int64 [m] (any order; used only when
  *                 attr use_trainable is set by a graph rewrite: the keys
@@ -75,10 +77,12 @@
 /* Largest ids rank DynembPrepare accepts (its output has the ids' shape). */
 #define DYNEMB_PREPARE_MAX_RANK 16
 
-/* Per-kernel state: the table name attr (and is_train for lookups). */
+/* Per-kernel state: the table name attr (and is_train and the sighting
+ * weight, faae_coefficient, for lookups and prepares). */
 typedef struct kstate {
   char *table_name;
   int is_train;
+  int64_t weight;
   int use_trainable; /* apply: use input `trainable` (set by graph rewrites) */
   int use_tickets;   /* lookup, apply: use input `tickets` (graph rewrites) */
   int64_t shard_index, shard_count, flags; /* import, load only */
@@ -104,6 +108,9 @@ static void *create_common(TF_OpKernelConstruction *c, const char *bool_attr,
     TF_OpKernelConstruction_GetAttrBool(c, bool_attr, &b, st);
     if (TF_GetCode(st) != TF_OK) goto fail;
     k->is_train = b ? 1 : 0;
+    TF_OpKernelConstruction_GetAttrInt64(c, "faae_coefficient", &k->weight,
+                                         st);
+    if (TF_GetCode(st) != TF_OK) goto fail;
   }
   if (import) {
     TF_OpKernelConstruction_GetAttrInt64(c, "shard_index", &k->shard_index, st);
@@ -249,9 +256,10 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
     rc = dynemb_lookup_prepared(t, keys, TF_TensorData(tickets), (size_t)n,
                                 TF_TensorData(out));
   } else {
-    rc = dynemb_lookup(t, keys, (size_t)n,
-                       k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
-                       now, TF_TensorData(out));
+    rc = dynemb_lookup_weighted(
+        t, keys, (size_t)n,
+        k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL, now,
+        (uint32_t)k->weight, TF_TensorData(out));
   }
   if (rc != DYNEMB_OK) fail_engine(ctx, rc, "lookup");
 done:
@@ -294,7 +302,8 @@ static void prepare_compute(void *p, TF_OpKernelContext *ctx) {
       ids_as_int64(ctx, k->table_name, ids, n, "prepare", &wide);
   if (!keys) goto done;
   const int mode = k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL;
-  int rc = dynemb_prepare(t, keys, (size_t)n, mode, now, TF_TensorData(out));
+  int rc = dynemb_prepare_weighted(t, keys, (size_t)n, mode, now,
+                                   (uint32_t)k->weight, TF_TensorData(out));
   if (rc != DYNEMB_OK) fail_engine(ctx, rc, "prepare");
 done:
   free(wide);
@@ -672,14 +681,15 @@ static void register_op(const char *name, const char *const *attrs,
 __attribute__((constructor)) static void dynemb_register_ops(void) {
   register_op("DynembLookup",
               LIST("table_name: string", "is_train: bool = true",
-                   "use_tickets: bool = false", "Tkeys: {int32, int64}"),
+                   "use_tickets: bool = false",
+                   "faae_coefficient: int >= 1 = 1", "Tkeys: {int32, int64}"),
               LIST("ids: Tkeys", "now: int64", "anchor: float",
                    "tickets: int64"),
               LIST("embeddings: float"), create_lookup_prepared,
               lookup_compute);
   register_op("DynembPrepare",
               LIST("table_name: string", "is_train: bool = true",
-                   "Tkeys: {int32, int64}"),
+                   "faae_coefficient: int >= 1 = 1", "Tkeys: {int32, int64}"),
               LIST("ids: Tkeys", "now: int64"), LIST("tickets: int64"),
               create_lookup, prepare_compute);
   register_op("DynembApply",

@@ -17,7 +17,8 @@
  *       each id goes to its owner, which looks up the ids of every rank in
  *       rank order (so admission counts every sighting of the global batch,
  *       in the order one process would count the concatenated batch) with
- *       the largest `now` of all ranks, and the rows come back.
+ *       the largest `now` of all ranks, and the rows come back; each
+ *       occurrence counts faae_coefficient sightings.
  *   DynembShardedApply keys, grads, learning_rate -> applied (this rank's):
  *       each (key, gradient row) goes to its owner, which applies every
  *       rank's rows in one dynemb_apply (so each key is updated once per
@@ -43,6 +44,7 @@ typedef struct sstate {
   char *table_name;   /* lookup, apply */
   int is_train;       /* lookup */
   int64_t send_count; /* lookup: unique ids per owner at most (0: any) */
+  int64_t weight;     /* lookup: sightings per occurrence (faae_coefficient) */
   int replicated;     /* lookup, apply: every rank holds the whole table */
   int average;        /* apply */
   int64_t channel, ranks;
@@ -105,7 +107,8 @@ static void *create_sharded(TF_OpKernelConstruction *c, const char *what) {
     if (!k->table_name) goto fail;
     if (strcmp(what, "lookup") == 0 &&
         (get_bool(c, "is_train", &k->is_train, st) ||
-         get_int(c, "send_count", &k->send_count, st)))
+         get_int(c, "send_count", &k->send_count, st) ||
+         get_int(c, "faae_coefficient", &k->weight, st)))
       goto fail;
     if (strcmp(what, "apply") == 0 && get_bool(c, "average", &k->average, st))
       goto fail;
@@ -343,7 +346,8 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
         each[e++] = ukeys[a[r].first + (size_t)j];
   /* (also with no keys; the engine then leaves the table as it is) */
   if (!rc)
-    rc = dynemb_prepare(t, each, expanded, DYNEMB_LOOKUP_TRAIN, now, tickets);
+    rc = dynemb_prepare_weighted(t, each, expanded, DYNEMB_LOOKUP_TRAIN, now,
+                                 (uint32_t)k->weight, tickets);
   /* A key's occurrences that came before its admission are the first ones
    * (once admitted within a call it stays so): count them, and read the row
    * through the first admitted occurrence's ticket. */
@@ -1061,8 +1065,8 @@ __attribute__((constructor)) static void dynemb_register_sharded_ops(void) {
   register_op_kernel(
       "DynembShardedLookup",
       LIST("table_name: string", "is_train: bool = true", "send_count: int = 0",
-           "replicated: bool = false", "channel: int", "ranks: int",
-           "Tkeys: {int32, int64}"),
+           "faae_coefficient: int >= 1 = 1", "replicated: bool = false",
+           "channel: int", "ranks: int", "Tkeys: {int32, int64}"),
       LIST("ids: Tkeys", "now: int64", "anchor: float"),
       LIST("embeddings: float"), create_lookup, lookup_compute, delete_sstate);
   register_op_kernel(

@@ -186,15 +186,6 @@ def switched_applies(graph: tf.Graph) -> set:
 TABLE_OF_SPEC: Dict[str, str] = {}
 
 
-def counted_threshold(access_threshold: int, faae_coefficient: int) -> int:
-    """mxRec's weighted admission as the engine's count of sightings: a key
-    whose sightings weigh faae_coefficient each reaches access_threshold at
-    ceil(access_threshold / faae_coefficient) sightings (0 and 1: at once)."""
-    if access_threshold <= 1:
-        return access_threshold
-    return max(1, -(-access_threshold // faae_coefficient))
-
-
 def check_faae(owner: str, value: Any) -> int:
     """faae_coefficient as an int in [1, 2^31-1] (mxRec's range), or ValueError."""
     if isinstance(value, float) and value.is_integer():
@@ -229,31 +220,22 @@ def set_access_threshold(threshold: int, emb_name: Optional[str] = None,
     for n in names:
         with _lib.table_handle(n, ValueError("set_threshold: no table named '%s'" % n)) as h:
             # (mxRec's set_threshold(0): counting stops, the threshold stays)
-            set_table_threshold(h, int(threshold), table_faae_coefficient(n),
-                                "set_threshold('%s')" % n, counting=int(threshold) != 0)
+            set_table_threshold(h, int(threshold), "set_threshold('%s')" % n,
+                                counting=int(threshold) != 0)
 
 
-def set_table_threshold(handle: Any, threshold: int, faae_coefficient: int,
-                        what: str, counting: bool = True) -> None:
-    """An admission setting on an engine table: the number of (weighed)
-    sightings that admits a key (0 or 1: at once), counting on; or, with
-    counting=False (mxRec's threshold 0), the counting of sightings stopped
-    and the threshold left as it is."""
+def set_table_threshold(handle: Any, threshold: int, what: str,
+                        counting: bool = True) -> None:
+    """An admission setting on an engine table: the weighed sightings that
+    admit a key (0 or 1: at once; each lookup's occurrences weigh its
+    faae_coefficient), counting on; or, with counting=False (mxRec's
+    threshold 0), the counting of sightings stopped and the threshold left
+    as it is."""
     if not counting:
         _lib.check(_lib.clib.dynemb_table_set_admission_counting(handle, 0), what)
         return
-    _lib.check(_lib.clib.dynemb_table_set_access_threshold(
-        handle, counted_threshold(threshold, faae_coefficient)), what)
+    _lib.check(_lib.clib.dynemb_table_set_access_threshold(handle, threshold), what)
     _lib.check(_lib.clib.dynemb_table_set_admission_counting(handle, 1), what)
-
-
-def table_faae_coefficient(table_name: str, graph: Optional[tf.Graph] = None) -> int:
-    """The faae_coefficient of the table's lookups (or FeatureSpecs) built
-    so far in `graph` (the default graph), 1 when none gave one: a run-time
-    threshold is weighed like the one of the table's configuration."""
-    g = graph if graph is not None else tf.compat.v1.get_default_graph()
-    cfg = graph_state(g).evict_configs.get(table_name) or {}
-    return int(cfg.get("faae_coefficient", 1) or 1)
 
 
 # --------------------------------------------------------------------------

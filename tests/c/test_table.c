@@ -409,6 +409,54 @@ static void test_admission_counting_stopped(void) {
   done(t);
 }
 
+/* Weighted sightings (mxRec's faae_coefficient): each occurrence counts
+ * `weight` towards the threshold, the weights of different callers add up,
+ * the counts saturate, and the prepare counts as the lookup does. */
+static void tweak_admit5(dynemb_table_config *c) {
+  tweak_const(c);
+  c->access_threshold = 5;
+}
+
+static void test_admission_weighted(void) {
+  dynemb_table *t = make("adm_w", 2, tweak_admit5);
+  int64_t a = 1, b = 2, c = 3, d = 4;
+  float o[4];
+  dynemb_ticket tk[2];
+  for (int i = 0; i < 2; i++) { /* a: 2, then 4 */
+    CHECK_OK(dynemb_lookup_weighted(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 1, 2, o));
+    CHECK(o[0] == 0);
+  }
+  CHECK_OK(dynemb_lookup_weighted(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 1, 2, o));
+  CHECK(o[0] == 0.5f && dynemb_table_size(t) == 1); /* 6 >= 5 */
+  /* b: one occurrence weighing the threshold is admitted at once */
+  CHECK_OK(dynemb_prepare_weighted(t, &b, 1, DYNEMB_LOOKUP_TRAIN, 1, 5, tk));
+  CHECK(tk[0] != DYNEMB_NOT_ADMITTED && dynemb_table_size(t) == 2);
+  /* c: 1 (weight 1) + 4 (weight 4, a second feature of the table) = 5;
+   * within one call: the second occurrence is the admitted one */
+  int64_t cc[2] = {3, 3};
+  CHECK_OK(dynemb_lookup(t, &c, 1, DYNEMB_LOOKUP_TRAIN, 2, o));
+  CHECK_OK(dynemb_prepare_weighted(t, cc, 2, DYNEMB_LOOKUP_TRAIN, 2, 2, tk));
+  CHECK(tk[0] == DYNEMB_NOT_ADMITTED && tk[1] != DYNEMB_NOT_ADMITTED);
+  /* d: counts saturate instead of wrapping (the snapshot's uint32) */
+  CHECK_OK(dynemb_table_set_access_threshold(t, UINT32_MAX));
+  for (int i = 0; i < 3; i++)
+    CHECK_OK(dynemb_lookup_weighted(t, &d, 1, DYNEMB_LOOKUP_TRAIN, 3,
+                                    INT32_MAX, o));
+  dynemb_snapshot s;
+  CHECK_OK(dynemb_table_snapshot(t, &s));
+  CHECK(s.candidates == 1 && s.cand_keys[0] == 4 &&
+        s.cand_counts[0] == UINT32_MAX - 1);
+  dynemb_snapshot_free(&s);
+  /* eval lookups count nothing, whatever the weight */
+  CHECK_OK(dynemb_lookup_weighted(t, &c, 1, DYNEMB_LOOKUP_EVAL, 0, 7, o));
+  CHECK(dynemb_lookup_weighted(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 3, 0, o) ==
+        DYNEMB_EINVAL);
+  CHECK(strstr(dynemb_last_error(), "adm_w") != NULL);
+  CHECK(dynemb_prepare_weighted(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 3,
+                                (uint32_t)INT32_MAX + 1, tk) == DYNEMB_EINVAL);
+  done(t);
+}
+
 /* ---- eviction ------------------------------------------------------------- */
 
 static void tweak_evict(dynemb_table_config *c) {
@@ -1027,6 +1075,7 @@ int main(void) {
   RUN(test_init_independent_of_sharding);
   RUN(test_admission);
   RUN(test_admission_counting_stopped);
+  RUN(test_admission_weighted);
   RUN(test_eviction_reuse);
   RUN(test_apply_sgd);
   RUN(test_apply_nonfinite);

@@ -270,3 +270,61 @@ def test_faae_coefficient_weighs_each_sighting(weight, threshold, admitted_at):
             row = s.run(out, {ids: [5]})[0]
             assert bool(row[0] == 1.0) == (sighting * weight >= threshold), sighting
     assert min(s for s in range(1, 8) if s * weight >= threshold) == admitted_at
+
+
+def _weighed_reference(batches, weights, threshold):
+    """The keys a table admits when each sighting of feature f weighs
+    weights[f] (mxRec's faae_coefficient) and a key needs `threshold`."""
+    count, admitted = {}, set()
+    for batch in batches:
+        for f, ids in enumerate(batch):
+            for k in ids.reshape(-1).tolist():
+                if k not in admitted:
+                    count[k] = count.get(k, 0) + weights[f]
+                    if count[k] >= threshold:
+                        admitted.add(k)
+    return sorted(admitted)
+
+
+@pytest.mark.parametrize("mode", ["plain", "feature_spec", "modify_graph"])
+def test_features_of_one_table_weigh_their_sightings_each_by_its_coefficient(mode):
+    # Two features share a table: "a" with faae_coefficient 1, "b" with 3,
+    # access_threshold 4. A key is admitted once the sum of its sightings'
+    # weights, in either feature, reaches 4 (the reference above).
+    from dynemb.core.asc.helper import get_asc_insert_func
+    from dynemb.core.asc.manager import start_asc_pipeline
+    rng = np.random.default_rng(5)
+    steps, weights, threshold = 6, (1, 3), 4
+    a_all = rng.integers(0, 30, size=(steps, 8, 2)).astype(np.int64)
+    b_all = rng.integers(20, 50, size=(steps, 8, 1)).astype(np.int64)
+    batches = list(zip(a_all, b_all))
+    want = _weighed_reference(batches, weights, threshold)
+    assert want != _weighed_reference(batches, (1, 1), threshold)  # the weights matter
+    assert want != _weighed_reference(batches, (3, 3), threshold)
+    t = dynemb.create_table(tf.int64, 2, "weighed_" + mode, tf.compat.v1.ones_initializer())
+    cfg = [{"access_threshold": threshold, "faae_coefficient": w} for w in weights]
+    ds = tf.data.Dataset.from_tensor_slices({"a": a_all, "b": b_all})
+    if mode == "plain":
+        a = tf.compat.v1.placeholder(tf.int64, [None, 2])
+        b = tf.compat.v1.placeholder(tf.int64, [None, 1])
+        outs = [dynemb.sparse_lookup(t, x, access_and_evict_config=c)
+                for x, c in zip((a, b), cfg)]
+        feeds = [{a: x, b: y} for x, y in batches]
+    elif mode == "feature_spec":
+        specs = [dynemb.FeatureSpec(f, table_name=t.table_name, access_threshold=threshold,
+                                    faae_coefficient=w) for f, w in zip("ab", weights)]
+        ds = ds.map(get_asc_insert_func(tgt_key_specs=specs, is_training=True))
+        batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        outs = [dynemb.sparse_lookup(t, s, batch=batch) for s in specs]
+        start_asc_pipeline()
+        feeds = [None] * steps
+    else:
+        batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        outs = [dynemb.sparse_lookup(t, batch[f], access_and_evict_config=c, modify_graph=True)
+                for f, c in zip("ab", cfg)]
+        dynemb.modify_graph_and_start_emb_cache()
+        feeds = [None] * steps
+    with tf.compat.v1.Session() as s:
+        for feed in feeds:
+            s.run(outs, feed)
+    assert _keys(t.table_name) == want

@@ -215,6 +215,9 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         else:  # batch-computed, or another lookup's value: this lookup's own
             per_lookup_default = serving_default_value
     from_spec = isinstance(ids, FeatureSpec)
+    # The sightings one occurrence of these ids counts for admission (mxRec's
+    # faae_coefficient: features sharing a table may weigh differently).
+    weight = ids.faae_coefficient if from_spec else 1
     if from_spec:
         # Explicit FeatureSpec mode: the spec's ids come from `batch` (the
         # dataset mapped by get_asc_insert_func); dynemb.core.asc sets the
@@ -228,16 +231,17 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     evict_cfg = _check_evict_config(hashtable, access_and_evict_config)
     st = _state.graph_state(graph)
     if evict_cfg is not None:
+        weight = evict_cfg["faae_coefficient"]
         prev = st.evict_configs.get(tname)
-        if prev is not None and prev != evict_cfg:
+        if prev is not None and dict(prev, faae_coefficient=weight) != evict_cfg:
             raise ValueError("sparse_lookup('%s'): access_and_evict_config %s differs from "
                              "the one of an earlier lookup of this table (%s); give every "
-                             "lookup of a table the same config" % (tname, evict_cfg, prev))
+                             "lookup of a table the same thresholds (only "
+                             "faae_coefficient may differ)" % (tname, evict_cfg, prev))
         st.evict_configs[tname] = evict_cfg
         hashtable.access_and_evict_config = evict_cfg
         with _lib.table_handle(tname, no_longer_registered(tname)) as h:
             _state.set_table_threshold(h, evict_cfg["access_threshold"],
-                                       evict_cfg["faae_coefficient"],
                                        "sparse_lookup('%s')" % tname)
             _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
                 h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
@@ -258,20 +262,21 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                 "eval",) + tuple(sorted(_iterators_of(ids)))
             emb = exchange.sharded_lookup(tname, ids, now, hashtable.anchor,
                                           bool(is_train), chain, static_count,
-                                          hashtable.is_dp)
+                                          hashtable.is_dp, weight)
         elif per_lookup_default is not None and is_train and not (modify_graph or from_spec):
             # A train lookup with a default of its own needs to know which
             # occurrences were admitted: the table work as a prepare (the
             # admission tickets), and the rows read through them.
             plain_tickets = _lib.ops.dynemb_prepare(ids=ids, now=now, table_name=tname,
-                                                    is_train=True)
+                                                    is_train=True, faae_coefficient=weight)
             emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
                                          tickets=plain_tickets, table_name=tname,
                                          is_train=False, use_tickets=True)
         else:
             emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
                                          tickets=unused_input(tf.int64),
-                                         table_name=tname, is_train=bool(is_train))
+                                         table_name=tname, is_train=bool(is_train),
+                                         faae_coefficient=weight)
         emb.set_shape([ids.shape.num_elements(), dim])
         lookup_op = emb.op
         if not (is_train and is_grad):

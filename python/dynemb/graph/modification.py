@@ -275,7 +275,8 @@ def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next:
             ids = replay(lk.trace, components)
             deps = [previous[lk.table_name]] if lk.table_name in previous else []
             with tf.control_dependencies(deps):  # a table's ids are counted in order
-                tk = rewrite.prepare(lk.table_name, ids, nows[lk.table_name])
+                tk = rewrite.prepare(lk.table_name, ids, nows[lk.table_name],
+                                     rewrite.faae_of(lk.op))
             previous[lk.table_name] = tk
             tickets.append(tk)  # the lookup reads its rows through them
             if lk.table_name in need_keys:

@@ -57,6 +57,14 @@ def _input_index(op: tf.Operation, name: str) -> int:
     return names.index(name)
 
 
+def faae_of(op: tf.Operation) -> int:
+    """The sightings one occurrence of a lookup op's ids counts for admission."""
+    try:
+        return int(op.get_attr("faae_coefficient"))
+    except ValueError:  # (an op without the attr)
+        return 1
+
+
 def input_of(op: tf.Operation, name: str) -> tf.Tensor:
     """The input called `name` (in the op's definition) of `op`."""
     return op.inputs[_input_index(op, name)]
@@ -67,14 +75,16 @@ def set_input(op: tf.Operation, name: str, tensor: tf.Tensor) -> None:
     op._update_input(_input_index(op, name), tensor)  # pylint: disable=protected-access
 
 
-def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-    """Train-mode table work for `ids` (any shape) ahead of the step; returns the
-    admission tickets (int64, same shape; -1 where not admitted)."""
+def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor, weight: int = 1) -> tf.Tensor:
+    """Train-mode table work for `ids` (any shape) ahead of the step, each
+    occurrence counting `weight` sightings for admission (faae_coefficient);
+    returns the admission tickets (int64, same shape; -1 where not admitted)."""
     if ids.dtype not in (tf.int32, tf.int64):
         raise GraphModificationError(
             f"table '{table_name}': ids must be int32 or int64, got {ids.dtype.name}")
     out = _lib.ops.dynemb_prepare(ids=ids, now=tf.cast(now, tf.int64),
-                                  table_name=table_name, is_train=True)
+                                  table_name=table_name, is_train=True,
+                                  faae_coefficient=int(weight))
     out.set_shape(ids.shape)
     return out
 

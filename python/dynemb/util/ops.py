@@ -113,17 +113,6 @@ def _threshold_tensor(threshold: Any) -> tf.Tensor:
     return tf.cast(tf.reshape(t, []), tf.int64)  # (the op checks the range)
 
 
-def _weighed(threshold: tf.Tensor, faae_coefficient: int) -> tf.Tensor:
-    """The number of sightings at which a key whose sightings weigh
-    faae_coefficient each reaches `threshold` (_state.counted_threshold, in
-    graph ops for a threshold known only at run time)."""
-    if faae_coefficient == 1:
-        return threshold
-    w = tf.constant(faae_coefficient, tf.int64)
-    weighed = tf.maximum(tf.constant(1, tf.int64), (threshold + w - 1) // w)
-    return tf.where(tf.equal(threshold, 0), threshold, weighed)  # (0 stops counting)
-
-
 # --------------------------------------------------------------------------
 # return_timestamp
 # --------------------------------------------------------------------------
@@ -340,10 +329,9 @@ class HostPipelineOps:
         when emb_name is given; alone, it names a FeatureSpec or a
         sparse_lookup(name=...) whose table is meant. Neither: every table.
         Ids seen before the op ran keep their counts. As in the table's
-        configuration, a key is admitted when its sightings times the
-        faae_coefficient of the table's lookups (built before this op)
-        reach `threshold`; the op's output is the previous threshold in
-        sightings."""
+        configuration, a key is admitted when its sightings, each weighing
+        the faae_coefficient of the lookup (FeatureSpec) that saw it, reach
+        `threshold`; the op's output is the previous threshold."""
         tables = _tables_for(emb_name, ids_name)
         with tf.name_scope(name or "dynemb_set_threshold"):
             value = _threshold_tensor(threshold)
@@ -354,8 +342,7 @@ class HostPipelineOps:
                         "create_table() first" % table)):
                     pass
             ops = [_lib.ops.dynemb_set_access_threshold(
-                threshold=_weighed(value, _state.table_faae_coefficient(t)),
-                table_name=t).op for t in tables]
+                threshold=value, table_name=t).op for t in tables]
         return ops[0] if len(ops) == 1 else tf.group(*ops)
 
     def return_timestamp(self, tensor: Any) -> tf.Tensor:

@@ -1,6 +1,7 @@
 """Run alone and under mpirun by tests/py/test_sharded_training.py: an
 mxRec-style sess.run script in FeatureSpec mode (FeatureSpec with
-admission, get_asc_insert_func, sparse_lookup(table, spec, batch=...),
+admission, two features of one table weighing their sightings differently
+(faae_coefficient), get_asc_insert_func, sparse_lookup(table, spec, batch=...),
 start_asc_pipeline). Alone, the dataset's insert function prepares each
 batch ahead of the step; on N ranks the lookups exchange in the step and
 each rank reads its slice of every global batch. Both must train the same.
@@ -24,15 +25,19 @@ y_all = rng.integers(0, 2, size=(STEPS * B, 1)).astype(np.float32)
 
 table = dynemb.create_table(tf.int64, DIM, "fs", tf.compat.v1.random_uniform_initializer(
     -0.2, 0.2, seed=6))
-spec = dynemb.FeatureSpec("ids", table_name="fs", access_threshold=2, eviction_threshold=0)
+spec = dynemb.FeatureSpec("ids", table_name="fs", access_threshold=3, eviction_threshold=0)
+spec2 = dynemb.FeatureSpec("ids2", table_name="fs", access_threshold=3, eviction_threshold=0,
+                           faae_coefficient=2)
 
 
-ds = tf.data.Dataset.from_tensor_slices({"ids": ids_all, "y": y_all}).batch(B)
+ds = tf.data.Dataset.from_tensor_slices({"ids": ids_all[:, :2], "ids2": ids_all[:, 2:],
+                                         "y": y_all}).batch(B)
 ds = ds.map(rank_slice(rank, size))
-ds = ds.map(get_asc_insert_func(tgt_key_specs=[spec], is_training=True))
+ds = ds.map(get_asc_insert_func(tgt_key_specs=[spec, spec2], is_training=True))
 iterator = tf.compat.v1.data.make_initializable_iterator(ds)
 batch = iterator.get_next()
-emb = dynemb.sparse_lookup(table, spec, batch=batch)
+emb = tf.concat([dynemb.sparse_lookup(table, spec, batch=batch),
+                 dynemb.sparse_lookup(table, spec2, batch=batch)], axis=1)
 w = tf.compat.v1.get_variable("w", initializer=tf.constant(
     np.linspace(-1, 1, 3 * DIM, dtype=np.float32)[:, None]))
 logits = tf.matmul(tf.reshape(emb, [-1, 3 * DIM]), w)

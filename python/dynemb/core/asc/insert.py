@@ -149,7 +149,7 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
                 continue
             deps = checks + ([previous[s.table_name]] if s.table_name in previous else [])
             with tf.control_dependencies(deps):  # a table's ids are counted in order
-                tickets = rewrite.prepare(s.table_name, ids, now)
+                tickets = rewrite.prepare(s.table_name, ids, now, s.faae_coefficient)
             previous[s.table_name] = tickets
             features[admitted_key(s.name)] = rewrite.admitted_of(tickets)
             features[tickets_key(s.name)] = tickets  # the step's lookup and apply use them

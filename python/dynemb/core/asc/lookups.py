@@ -86,18 +86,10 @@ def _set_thresholds(graph: tf.Graph, spec: FeatureSpec) -> None:
     cfg = spec.access_and_evict_config
     if cfg is None:
         return
-    prev = _state.graph_state(graph).evict_configs.get(spec.table_name)
-    if prev is not None and prev.get("faae_coefficient", 1) != cfg["faae_coefficient"]:
-        raise ValueError(
-            f"FeatureSpec('{spec.name}'): faae_coefficient = {cfg['faae_coefficient']}, but "
-            f"another FeatureSpec of table '{spec.table_name}' has "
-            f"{prev.get('faae_coefficient', 1)}; dynemb weighs all sightings of a table "
-            f"alike: give the table's FeatureSpecs the same faae_coefficient")
     missing = ValueError(f"FeatureSpec('{spec.name}'): table '{spec.table_name}' is not "
                          f"registered; create it with create_table() first")
     with _lib.table_handle(spec.table_name, missing) as h:
-        _state.set_table_threshold(h, cfg["access_threshold"], cfg["faae_coefficient"],
-                                   f"FeatureSpec('{spec.name}')")
+        _state.set_table_threshold(h, cfg["access_threshold"], f"FeatureSpec('{spec.name}')")
         _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
             h, ctypes.c_int64(cfg["eviction_threshold"])), f"FeatureSpec('{spec.name}')")
     # EvictHook reads the graph's eviction settings from here.

@@ -51,8 +51,8 @@ class FeatureSpec:
     is_timestamp: this feature holds the batch's data time in seconds; eviction
     then counts data time. batch_size: the number of ids per batch, if static
     (checked at run time when given). faae_coefficient: weight of one occurrence
-    in admission counting (a key is admitted when its occurrences times the
-    coefficient reach access_threshold); the specs of one table must agree.
+    in admission counting (a key is admitted when the weights of its
+    occurrences, in every spec of its table, add up to access_threshold).
     """
 
     def __init__(self, name: str, table_name: Optional[str] = None,
