@@ -18,7 +18,9 @@
  *       rank order (so admission counts every sighting of the global batch,
  *       in the order one process would count the concatenated batch) with
  *       the largest `now` of all ranks, and the rows come back; each
- *       occurrence counts faae_coefficient sightings.
+ *       occurrence counts faae_coefficient sightings. With attr `found`,
+ *       has_row [n] says which ids read a row (the others read the
+ *       default: not admitted, or unknown to an eval lookup); else [0].
  *   DynembShardedApply keys, grads, learning_rate -> applied (this rank's):
  *       each (key, gradient row) goes to its owner, which applies every
  *       rank's rows in one dynemb_apply (so each key is updated once per
@@ -45,6 +47,7 @@ typedef struct sstate {
   int is_train;       /* lookup */
   int64_t send_count; /* lookup: unique ids per owner at most (0: any) */
   int64_t weight;     /* lookup: sightings per occurrence (faae_coefficient) */
+  int found;          /* lookup: output has_row says which ids read a row */
   int replicated;     /* lookup, apply: every rank holds the whole table */
   int average;        /* apply */
   int64_t channel, ranks;
@@ -108,7 +111,8 @@ static void *create_sharded(TF_OpKernelConstruction *c, const char *what) {
     if (strcmp(what, "lookup") == 0 &&
         (get_bool(c, "is_train", &k->is_train, st) ||
          get_int(c, "send_count", &k->send_count, st) ||
-         get_int(c, "faae_coefficient", &k->weight, st)))
+         get_int(c, "faae_coefficient", &k->weight, st) ||
+         get_bool(c, "found", &k->found, st)))
       goto fail;
     if (strcmp(what, "apply") == 0 && get_bool(c, "average", &k->average, st))
       goto fail;
@@ -326,9 +330,21 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
     if (a[r].u) memcpy(ukeys + a[r].first, a[r].keys, (size_t)a[r].u * 8);
   memset(defaults, 0, total * sizeof *defaults);
   int rc = DYNEMB_OK;
-  if (!k->is_train) { /* reads only: every occurrence alike */
+  if (!k->is_train && !k->found) { /* reads only: every occurrence alike */
     rc = total ? dynemb_lookup(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, rows)
                : DYNEMB_OK;
+    free(ukeys);
+    return rc;
+  }
+  if (!k->is_train) { /* and which keys have no row: all their occurrences */
+    dynemb_ticket *tk = malloc((total ? total : 1) * sizeof *tk);
+    rc = tk ? DYNEMB_OK : DYNEMB_ENOMEM;
+    if (!rc && total)
+      rc = dynemb_prepare(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, tk);
+    for (size_t g = 0; !rc && g < total; g++)
+      defaults[g] = tk[g] == DYNEMB_NOT_ADMITTED ? UINT32_MAX : 0;
+    if (!rc && total) rc = dynemb_lookup_prepared(t, ukeys, tk, total, rows);
+    free(tk);
     free(ukeys);
     return rc;
   }
@@ -401,7 +417,7 @@ static float *default_row(TF_OpKernelContext *ctx, dynemb_table *t,
 
 static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const sstate *k = p;
-  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL;
+  TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL, *has = NULL;
   dynemb_table *t = NULL;
   int64_t *wide = NULL;
   char *send = NULL, *recv = NULL, *rows_recv = NULL;
@@ -444,8 +460,9 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   if (!status) {
     dim = dynemb_table_dim(t);
     n = TF_TensorElementCount(ids);
-    const int64_t dims[2] = {n, dim};
-    if (!(out = output(ctx, 0, TF_FLOAT, dims, 2, sizeof(float))))
+    const int64_t dims[2] = {n, dim}, hdims[1] = {k->found ? n : 0};
+    if (!(out = output(ctx, 0, TF_FLOAT, dims, 2, sizeof(float))) ||
+        !(has = output(ctx, 1, TF_BOOL, hdims, 1, sizeof(TF_Bool))))
       status = PART_FAILED;
   }
   if (!status && n > 0 &&
@@ -540,10 +557,12 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
     if (any_default && !(def = default_row(ctx, t, keys, row_bytes)))
       goto done;
     float *o = TF_TensorData(out);
+    TF_Bool *h = TF_TensorData(has);
     for (int64_t i = 0; i < n; i++) {
       size_t g = rt.uniq_of[i];
       memcpy(o + i * dim, rt.occ[i] < m[g] ? def : mine + g * (size_t)dim,
              row_bytes);
+      if (k->found) h[i] = rt.occ[i] >= m[g];
     }
     goto done;
   }
@@ -617,6 +636,7 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
     goto done;
   }
   float *o = TF_TensorData(out);
+  TF_Bool *h = TF_TensorData(has);
   for (int64_t i = 0; i < n; i++) {
     size_t g = rt.uniq_of[i];
     int r = rt.uowner[g];
@@ -626,6 +646,7 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
     memcpy(o + i * dim,
            rt.occ[i] < m ? (const char *)def : row_at[r] + j * row_bytes,
            row_bytes);
+    if (k->found) h[i] = rt.occ[i] >= m;
   }
   free(row_at);
 done:
@@ -641,6 +662,7 @@ done:
   dynemb_route_free(&rt);
   free(wide);
   if (out) TF_DeleteTensor(out);
+  if (has) TF_DeleteTensor(has);
   if (ids) TF_DeleteTensor(ids);
   if (nowt) TF_DeleteTensor(nowt);
   dynemb_table_release(t);
@@ -1065,10 +1087,12 @@ __attribute__((constructor)) static void dynemb_register_sharded_ops(void) {
   register_op_kernel(
       "DynembShardedLookup",
       LIST("table_name: string", "is_train: bool = true", "send_count: int = 0",
-           "faae_coefficient: int >= 1 = 1", "replicated: bool = false",
-           "channel: int", "ranks: int", "Tkeys: {int32, int64}"),
+           "faae_coefficient: int >= 1 = 1", "found: bool = false",
+           "replicated: bool = false", "channel: int", "ranks: int",
+           "Tkeys: {int32, int64}"),
       LIST("ids: Tkeys", "now: int64", "anchor: float"),
-      LIST("embeddings: float"), create_lookup, lookup_compute, delete_sstate);
+      LIST("embeddings: float", "has_row: bool"), create_lookup,
+      lookup_compute, delete_sstate);
   register_op_kernel(
       "DynembShardedApply",
       LIST("table_name: string", "average: bool = false",

@@ -206,3 +206,34 @@ def test_feature_spec_script_on_n_ranks_trains_as_one_process(n, tmp_path):
     prepares batches ahead; on n ranks the lookups exchange in the step: the
     same losses and rows."""
     _one_and_n("featurespec", n, tmp_path)
+
+
+@pytest.mark.pinned_only
+@pytest.mark.parametrize("n", [2])
+def test_computed_serving_default_values_on_n_ranks(n, tmp_path):
+    """tests/py/mpi/defaults.py: a train lookup whose ids without a row read
+    a value computed from the ids, and an eval lookup (of ids other ranks
+    own, some unknown) with another, equal one process's; so does the
+    SavedModel exported on n ranks, with no dynemb op in it."""
+    import tensorflow as tf
+    script = SCRIPT.parent / "defaults.py"
+    (tmp_path / "one").mkdir()
+    (tmp_path / "n").mkdir()
+    one = _run(1, tmp_path / "one", script)[0]
+    ranks = _run(n, tmp_path / "n", script, EXPORT=tmp_path / "export")
+    _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
+    for r in ranks:
+        _close(r["rows"], one["rows"], "eval rows")
+    for s, want in enumerate(one["emb"]):
+        _close(np.concatenate([r["emb"][s] for r in ranks]), want, "train rows, step %d" % s)
+    rows = np.asarray(one["rows"])
+    probe = np.arange(16)
+    np.testing.assert_array_equal(rows[12:], np.stack([-probe[12:], probe[12:] ** 2], 1))
+    read_default = np.all(rows == np.stack([-probe, probe ** 2], 1), axis=1)
+    assert not read_default[:12].all()  # (admitted ids read their rows)
+    with tf.Graph().as_default() as g, tf.compat.v1.Session() as s:
+        mg = tf.compat.v1.saved_model.loader.load(s, ["serve"], str(tmp_path / "export"))
+        assert not [nd.op for nd in g.as_graph_def().node if nd.op.startswith("Dynemb")]
+        sig = mg.signature_def["serving_default"]
+        served = s.run(sig.outputs["rows"].name, {sig.inputs["query"].name: probe})
+    _close(served, rows, "served rows")

@@ -26,7 +26,7 @@ other, which ends in the exchange's timeout error, never in a hang).
 """
 from __future__ import annotations
 
-from typing import Hashable, Optional, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -67,20 +67,23 @@ def chain_of_inputs(tensors: Sequence[tf.Tensor], limit: int = 100_000) -> Hasha
 
 def sharded_lookup(table_name: str, ids: tf.Tensor, now: tf.Tensor, anchor: tf.Tensor,
                    is_train: bool, chain: Hashable, send_count: int = 0,
-                   replicated: bool = False, weight: int = 1) -> tf.Tensor:
+                   replicated: bool = False, weight: int = 1,
+                   found: bool = False) -> Any:
     """Rows of `ids` (any shape) as [n, dim], each looked up (train: counted,
     inserted, stamped with the latest `now` of all ranks) at its owner.
     send_count > 0: the unique ids sent to each owner must fit it (mxRec's
     static-shape mode). replicated (is_dp tables): every rank holds all the
     table; every rank's ids are looked up on every replica alike. weight:
-    the sightings one occurrence counts for admission (faae_coefficient)."""
-    out = _state.sharded_ops().dynemb_sharded_lookup(
+    the sightings one occurrence counts for admission (faae_coefficient).
+    found=True: returns (rows, has_row), has_row [n] bool saying which ids
+    read a row (the others read the table's default)."""
+    out, has_row = _state.sharded_ops().dynemb_sharded_lookup(
         ids=ids, now=now, anchor=anchor, table_name=table_name, is_train=bool(is_train),
         send_count=int(send_count), replicated=bool(replicated),
-        faae_coefficient=int(weight),
+        faae_coefficient=int(weight), found=bool(found),
         channel=_state.next_exchange_channel(), ranks=_state.get_rank_size())
     _link(out.op, chain)
-    return out
+    return (out, has_row) if found else out
 
 
 def sharded_apply(table_name: str, keys: tf.Tensor, grads: tf.Tensor,

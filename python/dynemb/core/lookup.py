@@ -40,7 +40,7 @@ def unused_input(dtype: tf.DType) -> tf.Tensor:
 
 @tf.RegisterGradient("DynembLookup")
 @tf.RegisterGradient("DynembShardedLookup")
-def _lookup_grad(op: tf.Operation, grad: Any) -> list:
+def _lookup_grad(op: tf.Operation, grad: Any, *_has_row: Any) -> list:
     """d(loss)/d(anchor) as IndexedSlices(values=d(loss)/d(rows), indices=ids)."""
     keys = tf.reshape(input_of(op, "ids"), [-1])
     if keys.dtype != tf.int64:
@@ -247,7 +247,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                 h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
     dim = hashtable.dim
     with tf.name_scope(name or op_name(tname) + "_lookup"):
-        static_count, plain_tickets = 0, None
+        static_count, plain_tickets, sharded_found = 0, None, None
         if send_count is not None:
             ids, static_count = _check_send_count(ids, send_count, tname)
         now = _now_tensor(evict_cfg, ids, bool(is_train))
@@ -262,7 +262,10 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                 "eval",) + tuple(sorted(_iterators_of(ids)))
             emb = exchange.sharded_lookup(tname, ids, now, hashtable.anchor,
                                           bool(is_train), chain, static_count,
-                                          hashtable.is_dp, weight)
+                                          hashtable.is_dp, weight,
+                                          found=per_lookup_default is not None)
+            if per_lookup_default is not None:  # (and which ids read a row)
+                emb, sharded_found = emb
         elif per_lookup_default is not None and is_train and not (modify_graph or from_spec):
             # A train lookup with a default of its own needs to know which
             # occurrences were admitted: the table work as a prepare (the
@@ -286,7 +289,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         found = None
         if per_lookup_default is not None:
             emb, found = _with_default(emb, ids, lookup_op, per_lookup_default, hashtable,
-                                       plain_tickets)
+                                       plain_tickets, sharded_found)
         if ids.shape.rank == 1:
             # A new tensor, so graph modification can mask the op's output
             # for every consumer (fetches included).
@@ -310,34 +313,34 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
 
 
 def _with_default(rows: tf.Tensor, ids: tf.Tensor, lookup_op: tf.Operation, value: Any,
-                  table: EmbeddingTable, tickets: Optional[tf.Tensor] = None) -> tuple:
+                  table: EmbeddingTable, tickets: Optional[tf.Tensor] = None,
+                  found: Optional[tf.Tensor] = None) -> tuple:
     """A lookup's own serving_default_value (a tensor the graph computes, or
     numbers other than the table's): rows [n, dim] with the ids that have no
     row (not admitted, unknown) reading `value` (a scalar, [dim], [n, dim] or
     ids' shape + [dim]) instead of the table's default. Which ids have a row:
-    the admission tickets of a plain train lookup (`tickets`), else what an
-    eval-mode DynembPrepare says right after the lookup (the prepared modes
+    the sharded lookup's has_row on several ranks (`found`), the admission
+    tickets of a plain train lookup (`tickets`), else what an eval-mode
+    DynembPrepare says right after the lookup (the prepared modes
     switch a train lookup's to the batch's admission tickets, exactly what
     their lookups read); returns (rows, that bool [n])."""
     tname, dim = table.table_name, table.dim
-    if exchange.several_ranks():
-        raise ValueError(
-            "sparse_lookup('%s'): on several ranks serving_default_value must be numbers "
-            "or a tensor of constants (one value per table); a tensor computed in the "
-            "graph is read on one process only" % tname)
     value = tf.cast(tf.convert_to_tensor(value), tf.float32)
     n = tf.shape(rows)[0]
     if value.shape.rank is not None and value.shape.rank <= 1:
         value = tf.broadcast_to(value, tf.stack([n, dim]))
     else:
         value = tf.reshape(value, tf.stack([n, dim]), name="serving_default_value")
-    if tickets is None:
-        with tf.control_dependencies([lookup_op]):
-            tickets = _lib.ops.dynemb_prepare(ids=tf.reshape(ids, [-1]),
-                                              now=tf.constant(0, tf.int64),
-                                              table_name=tname, is_train=False)
-    found = tf.not_equal(tf.reshape(tickets, [-1]), tf.constant(-1, tf.int64),
-                         name="has_row")
+    if found is not None:
+        found = tf.identity(found, name="has_row")
+    else:
+        if tickets is None:
+            with tf.control_dependencies([lookup_op]):
+                tickets = _lib.ops.dynemb_prepare(ids=tf.reshape(ids, [-1]),
+                                                  now=tf.constant(0, tf.int64),
+                                                  table_name=tname, is_train=False)
+        found = tf.not_equal(tf.reshape(tickets, [-1]), tf.constant(-1, tf.int64),
+                             name="has_row")
     return tf.where(tf.expand_dims(found, 1), rows, value), found
 
 

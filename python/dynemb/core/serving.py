@@ -249,6 +249,10 @@ def _replacement(scope: str, tables: dict, lookups: list) -> tuple:
                 if _replaced_kind(node) == "tickets":  # -1: no row (the prepare's tickets)
                     out = tf.reshape(tf.where(at < rows, at, -tf.ones_like(at)),
                                      tf.shape(ids), name="tickets")
+                elif "found" in node.attr and node.attr["found"].b:
+                    # a sharded lookup's second output: which ids have a row
+                    out = tf.identity_n([tf.gather(var, at), at < rows],
+                                        name="embeddings")[0]
                 else:
                     out = tf.identity(tf.gather(var, at), name="embeddings")
             outputs[out.op.name] = node.name
