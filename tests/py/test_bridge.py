@@ -294,3 +294,14 @@ def test_variance_scaling_initializers(make, want_std):
     bound = np.sqrt(3) * want_std if "niform" in type(make()).__name__ else \
         2 * want_std / 0.87962566103423978
     assert np.abs(got).max() <= bound + 1e-6
+
+
+def test_tf1_random_uniform_default_range():
+    # TF1's random_uniform_initializer() has maxval=None: [0, 1) for floats,
+    # as tf.random.uniform (a None once failed create_table).
+    t = dynemb.create_table(tf.int64, 8, "unif01", tf.compat.v1.random_uniform_initializer(seed=2))
+    rows = dynemb.sparse_lookup(t, tf.range(2000, dtype=tf.int64))
+    with tf.compat.v1.Session() as s:
+        got = s.run(rows)
+    assert got.min() >= 0.0 and got.max() < 1.0
+    np.testing.assert_allclose(got.mean(), 0.5, atol=0.02)

@@ -35,6 +35,7 @@ LAYERS = {
     "dynemb.core.tables": 2,
     "dynemb.core.asc.spec": 2,
     "dynemb.core.checkpoint": 2,
+    "dynemb.core.remote": 2,
     "dynemb.core.exchange": 2,
     "dynemb.graph.trace": 2,
     "dynemb.graph.pipeline": 2,

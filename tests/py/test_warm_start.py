@@ -355,3 +355,17 @@ def test_estimator_warm_start_with_graph_modifier_hook_equals_plain(tmp_path, ck
     # Warm-started ids were trained (not replaced by fresh rows).
     keys_a = _ckpt_table(a, "item", 2)[0]
     assert set(keys_a) <= set(results[True]["item"][0])
+
+
+def test_warm_start_from_a_checkpoint_on_a_remote_file_system(ckpt):
+    # The same checkpoint copied to TensorFlow's in-memory file system (a
+    # stand-in for hdfs:// or s3://) warm-starts the same tables and dense
+    # variables (its sparse directory is read through a local mirror).
+    from dynemb.core import remote
+    a = ckpt(1)
+    remote.upload(str(a), "ram://dynemb_ws/ckpt1")
+    out = _sessrun_warm(WS("ram://dynemb_ws/ckpt1"))
+    for name in DIMS:
+        _assert_table_from(out, name, a)
+    for v in DENSE:
+        np.testing.assert_array_equal(out[v], _ckpt_dense(a, v), err_msg=v)

@@ -27,7 +27,10 @@ any number of ranks, or a one-process checkpoint, keeping the keys each rank
 owns (dynemb_key_shard). A Saver checkpoint's dense variables, the same on
 every rank, are written once, by rank 0, after every rank's part; every
 rank restores them. The ranks must share the checkpoint directory (one host,
-or a shared file system).
+or a shared file system). A checkpoint path on one of TensorFlow's file
+systems (``hdfs://``, ``s3://``, ...) works too: the tables are staged
+locally and copied there (dynemb.core.remote); incremental checkpoints need
+a local (or mounted) path.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Any, Iterable, Iterator, Optional
 import tensorflow as tf
 
 from dynemb import _lib, _state
+from dynemb.core import remote
 from dynemb.core.tables import EXPORT_FIELDS, TABLE_SAVEABLES
 from dynemb.util.log import logger
 
@@ -95,6 +99,9 @@ def _all_ranks_ok(channel: int, error: Optional[str], what: str) -> None:
 def sparse_dir(prefix: str) -> str:
     """The sparse directory of Saver checkpoint `prefix` (mxRec's layout:
     ``<dir>/model-5`` -> ``<dir>/sparse-model-5``)."""
+    if remote.is_remote(prefix):
+        d, base = remote.split(prefix)
+        return d + "/" + SPARSE_PREFIX + base
     d, base = os.path.split(os.path.normpath(prefix))
     return os.path.join(d, SPARSE_PREFIX + base)
 
@@ -140,6 +147,14 @@ def save_tables(path: str, tables: Optional[Iterable[Any]] = None,
     target = part_dir(path, _state.get_rank_id(), size) if size > 1 else path
     error = None
     tracked = incremental or any(n in _state.INCREMENTAL_TABLES for n in names)
+    if remote.is_remote(path):
+        if tracked:
+            raise ValueError(
+                "save_tables('%s'): incremental checkpoints build on the directory of "
+                "the previous save, which the engine reads from a local path: save "
+                "them to a local directory or a mounted file system (NFS, a FUSE "
+                "mount of HDFS or S3)" % path)
+        return _save_remote(path, target, names, size)
     try:
         with _handles(names, "save_tables") as hs:
             arr = (ctypes.c_void_p * max(len(hs), 1))(*[h.value for h in hs])
@@ -154,6 +169,22 @@ def save_tables(path: str, tables: Optional[Iterable[Any]] = None,
                 _lib.check(_lib.clib.dynemb_checkpoint_save(str(target).encode(), arr,
                                                             len(hs)),
                            "save_tables('%s')" % path)
+    except Exception as e:  # pylint: disable=broad-except
+        if size == 1:
+            raise
+        error = str(e)
+    if size > 1:
+        _all_ranks_ok(_state.CHECKPOINT_CHANNEL, error, "save_tables('%s')" % path)
+    return names
+
+
+def _save_remote(path: str, target: str, names: list[str], size: int) -> list[str]:
+    """save_tables of a path on a TensorFlow file system: each rank's part
+    staged locally, then copied there."""
+    error = None
+    try:
+        with remote.writable(target) as local:
+            save_tables(local, names)
     except Exception as e:  # pylint: disable=broad-except
         if size == 1:
             raise
@@ -213,6 +244,11 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
     `embedding_only` takes the embeddings and starts the optimizer slots
     afresh (another optimizer). Each table is verified before it changes.
     Returns the names restored."""
+    if remote.is_remote(path):
+        with remote.readable(str(path)) as local:
+            if not os.path.isdir(local):
+                raise ValueError("restore_tables('%s'): no such checkpoint directory" % path)
+            return restore_tables(local, tables, name_map, embedding_only)
     names = _names(tables)
     name_map = dict(name_map or {})
     flags = _lib.IMPORT_REPLACE | (_lib.IMPORT_EMBEDDING_ONLY if embedding_only else 0)
@@ -258,6 +294,9 @@ def _prune(saver: Any, save_path: str) -> None:
     """Removes this Saver's sparse directories (and earlier versions'
     <prefix>.dynemb ones) whose checkpoint its max_to_keep has deleted,
     but never one that a kept incremental checkpoint builds on."""
+    if remote.is_remote(save_path):
+        _prune_remote(saver, save_path)
+        return
     keep = set().union(*[chain_dirs(sparse_dir(p)) for p in saver.last_checkpoints]) | \
         {os.path.normpath(p + LEGACY_SUFFIX) for p in saver.last_checkpoints}
     d, base = os.path.split(os.path.normpath(save_path))
@@ -273,6 +312,21 @@ def _prune(saver: Any, save_path: str) -> None:
                  (n == base + LEGACY_SUFFIX or n.startswith(base + "-"))))
         if ours and full not in keep and os.path.isdir(full):
             shutil.rmtree(full, ignore_errors=True)
+
+
+def _prune_remote(saver: Any, save_path: str) -> None:
+    """_prune on a TensorFlow file system (no incremental chains there)."""
+    keep = {sparse_dir(p) for p in saver.last_checkpoints}
+    d, base = remote.split(save_path)
+    try:
+        names = [n.rstrip("/") for n in tf.io.gfile.listdir(d)]
+    except tf.errors.OpError:
+        return
+    for n in names:
+        full = d + "/" + n
+        if (n == SPARSE_PREFIX + base or n.startswith(SPARSE_PREFIX + base + "-")) and \
+                full not in keep and tf.io.gfile.isdir(full):
+            tf.io.gfile.rmtree(full)
 
 
 _NOT_SAVED = threading.local()
@@ -502,6 +556,19 @@ def _restore(self, sess, save_path):
     if not names:
         return out
     sparse, legacy = sparse_dir(save_path), save_path + LEGACY_SUFFIX
+    shown = sparse
+    with contextlib.ExitStack() as stack:
+        if remote.is_remote(sparse):  # (a local copy to read)
+            sparse = stack.enter_context(remote.readable(sparse))
+        _restore_tables_of(sess, save_path, names, sparse, legacy, shown)
+    return out
+
+
+def _restore_tables_of(sess: Any, save_path: str, names: list[str], sparse: str,
+                       legacy: str, shown: str) -> None:
+    """Saver.restore's tables from sparse directory `sparse` (local; `shown`
+    is its name in messages), the earlier versions' `legacy` one, or the
+    Saver's files."""
     in_sparse, in_legacy = _entries(sparse), _entries(legacy)
     reader = None
     groups: dict[str, list[str]] = {sparse: [], legacy: [], "tensors": []}
@@ -516,7 +583,7 @@ def _restore(self, sess, save_path):
                 raise ValueError(
                     "dynemb: checkpoint '%s' has no rows of table '%s': its sparse "
                     "directory '%s' %s; restore the directory, or start from another "
-                    "checkpoint" % (save_path, name, sparse,
+                    "checkpoint" % (save_path, name, shown,
                                     "lacks the table" if os.path.isdir(sparse) else
                                     "is missing"))
             groups["tensors"].append(name)
@@ -525,7 +592,6 @@ def _restore(self, sess, save_path):
             restore_tables(d, groups[d])
     if groups["tensors"]:
         _restore_from_tensors(sess, save_path, groups["tensors"])
-    return out
 
 
 # --------------------------------------------------------------------------

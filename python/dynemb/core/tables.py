@@ -66,8 +66,9 @@ def _initializer_to_engine(init: Any, name: str, scale: float,
                              "scalar value for dynamic tables, got %r" % (name, v)) from None
         return _lib.INIT_CONSTANT, v * scale, 0.0, seed
     if cls in ("RandomUniform", "RandomUniformV2"):
+        hi = cfg.get("maxval", 0.05)  # (TF1's None: 1 for float rows, as tf.random.uniform)
         return (_lib.INIT_UNIFORM, float(cfg.get("minval", -0.05)) * scale,
-                float(cfg.get("maxval", 0.05)) * scale, seed)
+                (1.0 if hi is None else float(hi)) * scale, seed)
     if cls in ("RandomNormal", "RandomNormalV2"):
         return (_lib.INIT_NORMAL, float(cfg.get("mean", 0.0)) * scale,
                 float(cfg.get("stddev", 0.05)) * scale, seed)

@@ -58,7 +58,7 @@ from tensorflow.python.training import warm_starting_util
 
 from dynemb import _lib, _state
 from dynemb.constants.constants import ASCEND_TIMESTAMP
-from dynemb.core import lookup
+from dynemb.core import lookup, remote
 from dynemb.core.checkpoint import LEGACY_SUFFIX, checkpoint_parts, sparse_dir
 from dynemb.core.tables import EXPORT_FIELDS, EmbeddingTable, op_name
 from dynemb.util.log import logger
@@ -294,6 +294,8 @@ def _rows_dir(prefix: str) -> str:
     """Where a Saver checkpoint keeps its tables' rows: its sparse directory,
     or an earlier version's <prefix>.dynemb."""
     d = sparse_dir(prefix)
+    if remote.is_remote(d):  # (TensorFlow's file systems: a local mirror)
+        return remote.mirror(d)
     return d if os.path.isdir(d) else prefix + LEGACY_SUFFIX
 
 
