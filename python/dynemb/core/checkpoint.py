@@ -147,51 +147,43 @@ def save_tables(path: str, tables: Optional[Iterable[Any]] = None,
     target = part_dir(path, _state.get_rank_id(), size) if size > 1 else path
     error = None
     tracked = incremental or any(n in _state.INCREMENTAL_TABLES for n in names)
-    if remote.is_remote(path):
+    if remote.is_remote(path) and tracked:
+        raise ValueError(
+            "save_tables('%s'): incremental checkpoints build on the directory of the "
+            "previous save, which the engine reads from a local path: save them to a "
+            "local directory or a mounted file system (NFS, a FUSE mount of HDFS or S3)"
+            % path)
+    try:
+        if remote.is_remote(path):  # (staged locally, then copied there)
+            with remote.writable(target) as local:
+                _write(local, names, False, False, path)
+        else:
+            _write(target, names, tracked, incremental, path)
+    except Exception as e:  # pylint: disable=broad-except
+        if size == 1:
+            raise
+        error = str(e)
+    if size > 1:
+        _all_ranks_ok(_state.CHECKPOINT_CHANNEL, error, "save_tables('%s')" % path)
+    return names
+
+
+def _write(target: str, names: list[str], tracked: bool, incremental: bool,
+           path: str) -> None:
+    """This process's engine checkpoint of `names` into local directory
+    `target` (`path`: the checkpoint's name in errors)."""
+    with _handles(names, "save_tables") as hs:
+        arr = (ctypes.c_void_p * max(len(hs), 1))(*[h.value for h in hs])
         if tracked:
-            raise ValueError(
-                "save_tables('%s'): incremental checkpoints build on the directory of "
-                "the previous save, which the engine reads from a local path: save "
-                "them to a local directory or a mounted file system (NFS, a FUSE "
-                "mount of HDFS or S3)" % path)
-        return _save_remote(path, target, names, size)
-    try:
-        with _handles(names, "save_tables") as hs:
-            arr = (ctypes.c_void_p * max(len(hs), 1))(*[h.value for h in hs])
-            if tracked:
-                delta = ctypes.c_int()
-                _lib.check(_lib.clib.dynemb_checkpoint_save_incremental(
-                    str(target).encode(), arr, len(hs), 0 if incremental else 1,
-                    ctypes.byref(delta)), "save_tables('%s', incremental=%s)"
-                    % (path, incremental))
-                _state.INCREMENTAL_TABLES.update(names)
-            else:
-                _lib.check(_lib.clib.dynemb_checkpoint_save(str(target).encode(), arr,
-                                                            len(hs)),
-                           "save_tables('%s')" % path)
-    except Exception as e:  # pylint: disable=broad-except
-        if size == 1:
-            raise
-        error = str(e)
-    if size > 1:
-        _all_ranks_ok(_state.CHECKPOINT_CHANNEL, error, "save_tables('%s')" % path)
-    return names
-
-
-def _save_remote(path: str, target: str, names: list[str], size: int) -> list[str]:
-    """save_tables of a path on a TensorFlow file system: each rank's part
-    staged locally, then copied there."""
-    error = None
-    try:
-        with remote.writable(target) as local:
-            save_tables(local, names)
-    except Exception as e:  # pylint: disable=broad-except
-        if size == 1:
-            raise
-        error = str(e)
-    if size > 1:
-        _all_ranks_ok(_state.CHECKPOINT_CHANNEL, error, "save_tables('%s')" % path)
-    return names
+            delta = ctypes.c_int()
+            _lib.check(_lib.clib.dynemb_checkpoint_save_incremental(
+                str(target).encode(), arr, len(hs), 0 if incremental else 1,
+                ctypes.byref(delta)), "save_tables('%s', incremental=%s)"
+                % (path, incremental))
+            _state.INCREMENTAL_TABLES.update(names)
+        else:
+            _lib.check(_lib.clib.dynemb_checkpoint_save(str(target).encode(), arr, len(hs)),
+                       "save_tables('%s')" % path)
 
 
 def checkpoint_base(path: str) -> Optional[str]:
