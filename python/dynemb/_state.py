@@ -55,6 +55,9 @@ LAST_SAVED_SPARSE_DIR: list = []
 # Tables saved incrementally in this process: their full saves go through the
 # engine's incremental save too, so that the next delta builds on the latest.
 INCREMENTAL_TABLES: set = set()
+# Tables some lookup reads without a serving_default_value of its own (in
+# any graph): their engine default must stay zeros (dynemb.core.lookup).
+DEFAULT_READERS: set = set()
 
 
 def release_handles() -> None:
@@ -74,6 +77,7 @@ def drop_all_tables() -> None:
     TABLE_OF_SPEC.clear()
     LAST_SAVED_SPARSE_DIR.clear()
     INCREMENTAL_TABLES.clear()
+    DEFAULT_READERS.clear()
 
 
 class GraphState:

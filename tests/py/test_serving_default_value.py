@@ -110,3 +110,45 @@ def test_exported_model_reads_its_own_default(tmp_path):
         got = s.run(sig.outputs["emb"].name, {sig.inputs["ids"].name: q,
                                               sig.inputs["scale"].name: sc})
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_lookup_without_a_value_reads_zeros_whatever_other_lookups_set():
+    # mxRec: serving_default_value belongs to its lookup. A lookup without one
+    # reads zeros for ids without a row, built before or after a lookup with
+    # numbers, in the same graph or in another graph of the same table; and a
+    # later graph's numbers never change what an earlier graph's lookups read.
+    dynemb.init()
+    q = np.array([1, 5], np.int64)
+
+    def build(order, value=(7.0, 8.0)):
+        t = dynemb.create_table(tf.int64, 2, "zeros", tf.compat.v1.constant_initializer(0.5))
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        out = {}
+        for what in order:
+            out[what] = dynemb.sparse_lookup(
+                t, ids, is_train=what == "train",
+                serving_default_value=list(value) if what == "valued" else None)
+        return ids, out
+
+    for order in (("valued", "plain", "train"), ("plain", "valued", "train")):
+        with tf.Graph().as_default():
+            dynemb.clear_tables()
+            ids, out = build(order)
+            with tf.compat.v1.Session() as s:
+                s.run(out.pop("train"), {ids: [1]})
+                got = s.run(out, {ids: q})
+            np.testing.assert_array_equal(got["valued"], [[0.5, 0.5], [7, 8]], err_msg=str(order))
+            np.testing.assert_array_equal(got["plain"], [[0.5, 0.5], [0, 0]], err_msg=str(order))
+    g1 = tf.Graph()
+    with g1.as_default():
+        dynemb.clear_tables()
+        ids1, out1 = build(("valued",))
+    with tf.Graph().as_default():  # the same table, another graph and other numbers
+        ids2, out2 = build(("plain", "valued"), value=(1.0, 2.0))
+        with tf.compat.v1.Session() as s:
+            got2 = s.run(out2, {ids2: q})
+    with g1.as_default(), tf.compat.v1.Session() as s:
+        got1 = s.run(out1, {ids1: q})
+    np.testing.assert_array_equal(got1["valued"], [[7, 8], [7, 8]])
+    np.testing.assert_array_equal(got2["valued"], [[1, 2], [1, 2]])
+    np.testing.assert_array_equal(got2["plain"], [[0, 0], [0, 0]])

@@ -25,8 +25,9 @@ from dynemb.constants.constants import (ASCEND_SPARSE_LOOKUP_ID_OFFSET,
                                         ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, ASCEND_TIMESTAMP)
 from dynemb.core.asc.lookups import lookup_ids
 from dynemb.core.asc.spec import FeatureSpec
-from dynemb.core.tables import (EmbeddingTable, constant_default_value, no_longer_registered,
-                                op_name, require_graph_mode, set_default_value)
+from dynemb.core.tables import (EmbeddingTable, constant_default_value, engine_default_value,
+                                no_longer_registered, op_name, require_graph_mode,
+                                set_default_value)
 from dynemb.graph.rewrite import guard_lookup, input_of
 from dynemb.graph.trace import GET_NEXT_TYPES, ancestors
 from dynemb.util.log import logger
@@ -203,17 +204,28 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         raise ValueError("sparse_lookup('%s'): the table was created in another graph; "
                          "call create_table() again inside this graph (same arguments "
                          "reuse the table)" % tname)
+    # mxRec: serving_default_value is the lookup's own; ids without a row of a
+    # lookup without one read zeros. The engine's default row (shared by the
+    # table's graphs) serves the first constant value while no lookup reads
+    # the table without a value of its own; any other value, or zeros where
+    # the engine's default is not, is the lookup's own (read through tf.where).
     per_lookup_default = None
+    engine_default = engine_default_value(hashtable)
     if serving_default_value is not None:
         numbers = constant_default_value(serving_default_value, tname)
         dim = hashtable.dim
-        if numbers is not None and (
-                hashtable.default_value is None or numbers.size not in (1, dim) or
-                np.array_equal(np.broadcast_to(numbers.reshape(-1), [dim]),
-                               hashtable.default_value)):
+        same = numbers is not None and numbers.size in (1, dim) and np.array_equal(
+            np.broadcast_to(numbers.reshape(-1), [dim]), engine_default)
+        if numbers is not None and not same and (
+                numbers.size not in (1, dim) or
+                (not engine_default.any() and tname not in _state.DEFAULT_READERS)):
             set_default_value(hashtable, numbers)  # the table's own (or its size error)
-        else:  # batch-computed, or another lookup's value: this lookup's own
+        elif not same:  # batch-computed, or other numbers than the table's
             per_lookup_default = serving_default_value
+    elif engine_default.any():  # another lookup's numbers are the engine's
+        per_lookup_default = tf.constant(0.0)
+    else:
+        _state.DEFAULT_READERS.add(tname)
     from_spec = isinstance(ids, FeatureSpec)
     # The sightings one occurrence of these ids counts for admission (mxRec's
     # faae_coefficient: features sharing a table may weigh differently).

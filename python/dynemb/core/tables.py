@@ -430,6 +430,7 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
             h = ctypes.c_void_p()
             _lib.check(_lib.clib.dynemb_table_create(ctypes.byref(c), ctypes.byref(h)),
                        "create_table('%s')" % name)
+            _state.DEFAULT_READERS.discard(name)  # (a new table: zeros by default)
             _state.HANDLES[name] = h
 
     table = EmbeddingTable(name, dim, key_dtype, opt, graph, is_save)
@@ -538,6 +539,16 @@ def set_default_value(table: EmbeddingTable, value: Any) -> None:
         _lib.check(_lib.clib.dynemb_table_set_default_value(h, buf),
                    "sparse_lookup('%s') serving_default_value" % tname)
     table.default_value = arr
+
+
+def engine_default_value(table: EmbeddingTable) -> np.ndarray:
+    """The default row the engine holds for `table` now (zeros until a
+    serving_default_value set it; shared by the table's graphs)."""
+    tname = table.table_name
+    with _lib.table_handle(tname, no_longer_registered(tname)) as h:
+        c = _lib.TableConfig()
+        _lib.clib.dynemb_table_get_config(h, ctypes.byref(c))
+        return np.array(c.default_value[:table.dim], np.float32)
 
 
 _STATE_OP_TYPES = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp", "VariableV2",
