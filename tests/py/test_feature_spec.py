@@ -23,6 +23,13 @@ def _table(name="t", dim=2):
     return dynemb.create_table(tf.int64, dim, name, tf.compat.v1.constant_initializer(0.5))
 
 
+def _rows(name):
+    """{key: row} of table `name` as the engine holds it."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as s:
+        out = s.run(dynemb._lib.ops.dynemb_export(table_name=name))
+    return {int(k): v[:2] for k, v in zip(out[1], out[2])}
+
+
 def test_feature_spec_validation():
     s = FeatureSpec("user", table_name="users", access_threshold=3, eviction_threshold=100)
     assert s.index_key == "user" and not s.is_timestamp
@@ -55,10 +62,27 @@ def test_insert_func_argument_errors():
     two = [FeatureSpec("u", table_name="a"), FeatureSpec("u", table_name="b")]
     get_asc_insert_func(tgt_key_specs=two)
     assert [s.name for s in two] == ["u", "u_1"]
-    with pytest.raises(NotImplementedError, match="tgt_key_specs.*modify_graph=True"):
-        get_asc_insert_func(args_index_list=[0], table_names=["t"])
-    with pytest.raises(NotImplementedError, match="args_index_list"):
-        get_asc_insert_func(None, [0], ["t"])   # mxRec's positional order
+    with pytest.raises(ValueError, match="either tgt_key_specs .* or args_index_list.*got neither"):
+        get_asc_insert_func()
+    with pytest.raises(ValueError, match="got both"):
+        get_asc_insert_func(two, [0], ["a"])
+    with pytest.raises(ValueError, match="no table named 'nope'"):
+        get_asc_insert_func(None, [0], ["nope"])   # mxRec's positional order
+    _table("pos")
+    with pytest.raises(ValueError, match="one table per position"):
+        get_asc_insert_func(args_index_list=[0, 1], table_names=["pos"])
+    with pytest.raises(ValueError, match="ints >= 0"):
+        get_asc_insert_func(args_index_list=[-1], table_names=["pos"])
+    fn = get_asc_insert_func(args_index_list=[2], table_names=["pos"])
+    pair = tf.data.Dataset.from_tensor_slices((np.arange(4), np.arange(4))).batch(2)
+    with pytest.raises(ValueError, match="position 2 .* beyond the elements' 2 components"):
+        pair.map(fn)
+    floats = tf.data.Dataset.from_tensor_slices((np.zeros(4, np.float32),)).batch(2)
+    with pytest.raises(TypeError, match="component 0 .* int32 or int64"):
+        floats.map(get_asc_insert_func(args_index_list=[0], table_names=["pos"]))
+    as_dict = tf.data.Dataset.from_tensor_slices({"x": np.arange(4)}).batch(2)
+    with pytest.raises(ValueError, match="a dict; .*FeatureSpec"):
+        as_dict.map(get_asc_insert_func(args_index_list=[0], table_names=["pos"]))
     ds = tf.data.Dataset.from_tensor_slices({"x": np.arange(4)}).batch(2)
     with pytest.raises(KeyError, match="'user'"):
         ds.map(get_asc_insert_func(tgt_key_specs=[FeatureSpec("user", table_name="t")],
@@ -206,3 +230,47 @@ def test_feature_specs_by_tuple_position():
     ds = tf.data.Dataset.from_tensor_slices((np.arange(4), np.arange(4))).batch(2)
     with pytest.raises(KeyError, match="must name a position"):
         ds.map(get_asc_insert_func(tgt_key_specs=[FeatureSpec("u", table_name="t")]))
+
+
+@pytest.mark.parametrize("modify", [False, True])
+def test_args_index_list_form_trains_as_the_lookups_alone(modify):
+    # mxRec's form without FeatureSpecs: positions of the elements' id tensors
+    # and their tables. dynemb's tensor lookups do the table work (in the step,
+    # or in the pipeline with modify_graph=True): the function checks and
+    # passes the elements on, and training equals the same lookups without it.
+    from dynemb.graph.modifier import modify_graph_and_start_emb_cache
+    data = (np.array([[1, 2], [3, 1], [2, 4], [1, 5]], np.int64),
+            np.array([[7], [8], [7], [9]], np.int64), np.arange(4, dtype=np.float32))
+
+    def run(with_form):
+        tf.compat.v1.reset_default_graph()
+        dynemb.clear_tables()
+        dynemb.init()
+        a = dynemb.create_table(tf.int64, 2, "pa", tf.compat.v1.constant_initializer(0.5))
+        b = dynemb.create_table(tf.int64, 2, "pb", tf.compat.v1.constant_initializer(0.5))
+        ds = tf.data.Dataset.from_tensor_slices(data).batch(2)
+        if with_form:
+            ds = ds.map(get_asc_insert_func(args_index_list=[0, 1], table_names=["pa", "pb"],
+                                            is_training=True))
+        x, y, w = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        cfg = {"access_threshold": 2}
+        emb = tf.concat([
+            tf.reshape(dynemb.sparse_lookup(a, x, modify_graph=modify,
+                                            access_and_evict_config=cfg), [-1, 4]),
+            tf.reshape(dynemb.sparse_lookup(b, y, modify_graph=modify), [-1, 2])], 1)
+        loss = tf.reduce_sum(tf.reduce_sum(emb, 1) * w)
+        opt = dynemb.optimizers.gradient_descent.create_hash_optimizer(0.1)
+        _, sparse = dynemb.get_dense_and_sparse_variable()
+        train = opt.apply_gradients(zip(tf.gradients(loss, sparse), sparse))
+        if modify:
+            modify_graph_and_start_emb_cache()
+        with tf.compat.v1.Session() as s:
+            losses = [s.run([loss, train])[0] for _ in range(2)]
+        return losses, _rows("pa"), _rows("pb")
+
+    plain, with_form = run(False), run(True)
+    np.testing.assert_array_equal(with_form[0], plain[0])
+    for got, want in zip(with_form[1:], plain[1:]):
+        assert sorted(got) == sorted(want)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])

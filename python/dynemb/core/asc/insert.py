@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Sequence, Union
 
 import tensorflow as tf
 
-from dynemb import _state
+from dynemb import _lib, _state
 from dynemb.core.asc.spec import FeatureSpec, admitted_key, tickets_key
 from dynemb.graph import rewrite
 from dynemb.graph.modification import dump_dir
@@ -52,6 +52,56 @@ def _pipeline_clock(specs: Sequence[FeatureSpec], features: Dict[str, Any]) -> t
     return tf.constant(0, tf.int64)
 
 
+def _by_positions(args_index_list: Any, table_names: Any, feature_counts: Any,
+                  is_training: bool) -> Callable:
+    """mxRec's other form: the elements' components at `args_index_list` are
+    the ids of the tables `table_names`, looked up by tensor lookups
+    (``sparse_lookup(table, ids)``; mxRec's automatic graph modification builds
+    this form from them). dynemb's tensor lookups do that table work
+    themselves (in the step, or ahead of it in the pipeline with
+    modify_graph=True), so the function checks its arguments against the
+    elements and the tables and passes the elements on unchanged."""
+    what = "get_asc_insert_func(args_index_list=...)"
+    positions = [args_index_list] if isinstance(args_index_list, int) else list(args_index_list)
+    names = [table_names] if isinstance(table_names, str) else list(table_names or [])
+    if not positions or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                            for i in positions):
+        raise ValueError(f"{what}: args_index_list must be positions (ints >= 0) of the "
+                         f"elements' id tensors, got {args_index_list!r}")
+    if len(names) != len(positions) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{what}: table_names must name one table per position of "
+                         f"args_index_list ({len(positions)}), got {table_names!r}")
+    if feature_counts is not None and len(list(feature_counts)) != len(positions):
+        raise ValueError(f"{what}: feature_counts must have one count per position, got "
+                         f"{feature_counts!r}")
+    for n in names:
+        with _lib.table_handle(n, ValueError(
+                f"{what}: no table named '{n}'; create it with create_table() first")):
+            pass
+
+    def insert_fn(*args: Any) -> Any:
+        comps = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+        if len(comps) == 1 and isinstance(comps[0], dict):
+            raise ValueError(f"{what}: the elements are a dict; positions name components "
+                             f"of tuple elements: use tgt_key_specs=[FeatureSpec(name, "
+                             f"table_name=..., index_key=<key>), ...] for dict elements")
+        for i, n in zip(positions, names):
+            if i >= len(comps):
+                raise ValueError(f"{what}: position {i} (table '{n}') is beyond the "
+                                 f"elements' {len(comps)} components")
+            ids = comps[i]
+            if not tf.is_tensor(ids) or ids.dtype not in (tf.int32, tf.int64):
+                raise TypeError(f"{what}: component {i} (table '{n}') must be an int32 or "
+                                f"int64 tensor of ids, got {getattr(ids, 'dtype', type(ids))}")
+        return args[0] if len(args) == 1 else args
+
+    logger.info("%s: %s %s the ids of tables %s; dynemb's lookups of them count, insert "
+                "and read in the %s", what, "train pipeline:" if is_training else
+                "eval pipeline:", "positions %s are" % positions, names,
+                "step, or ahead of it with modify_graph=True")
+    return insert_fn
+
+
 def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec], None] = None,
                         args_index_list: Any = None, table_names: Any = None, *,
                         feature_counts: Any = None, is_training: bool = True,
@@ -70,14 +120,16 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
         logger.warning("get_asc_insert_func: keywords %s are not used by dynemb (the "
                        "documented ones are tgt_key_specs, is_training and dump_graph)",
                        sorted(kwargs))
-    if tgt_key_specs is None or args_index_list is not None or feature_counts is not None \
-            or table_names is not None:
-        raise NotImplementedError(
-            "get_asc_insert_func: the args_index_list/table_names form (mxRec's automatic "
-            "graph modification builds it from the lookups' ids) is not available; pass "
-            "tgt_key_specs=[FeatureSpec(...), ...], or give the lookups modify_graph=True "
-            "and call modify_graph_and_start_emb_cache(), which sends their ids from the "
-            "pipeline itself")
+    if (tgt_key_specs is None) == (args_index_list is None):
+        raise ValueError(
+            "get_asc_insert_func: pass either tgt_key_specs (FeatureSpec mode) or "
+            "args_index_list with table_names (the ids' positions in the elements and "
+            "their tables); got %s" % ("both" if tgt_key_specs is not None else "neither"))
+    if args_index_list is not None:
+        return _by_positions(args_index_list, table_names, feature_counts, bool(is_training))
+    if table_names is not None or feature_counts is not None:
+        raise ValueError("get_asc_insert_func: table_names and feature_counts go with "
+                         "args_index_list, not with tgt_key_specs")
     specs = [tgt_key_specs] if isinstance(tgt_key_specs, FeatureSpec) else list(tgt_key_specs)
     for s in specs:
         if not isinstance(s, FeatureSpec):
