@@ -111,6 +111,11 @@ static void *create_common(TF_OpKernelConstruction *c, const char *bool_attr,
     TF_OpKernelConstruction_GetAttrInt64(c, "faae_coefficient", &k->weight,
                                          st);
     if (TF_GetCode(st) != TF_OK) goto fail;
+    if (k->weight < 1 || k->weight > INT32_MAX) {
+      TF_SetStatus(st, TF_INVALID_ARGUMENT,
+                   "dynemb: faae_coefficient must be 1 .. 2^31-1");
+      goto fail;
+    }
   }
   if (import) {
     TF_OpKernelConstruction_GetAttrInt64(c, "shard_index", &k->shard_index, st);

@@ -114,6 +114,11 @@ static void *create_sharded(TF_OpKernelConstruction *c, const char *what) {
          get_int(c, "faae_coefficient", &k->weight, st) ||
          get_bool(c, "found", &k->found, st)))
       goto fail;
+    if (strcmp(what, "lookup") == 0 && (k->weight < 1 || k->weight > INT32_MAX)) {
+      TF_SetStatus(st, TF_INVALID_ARGUMENT,
+                   "dynemb: faae_coefficient must be 1 .. 2^31-1");
+      goto fail;
+    }
     if (strcmp(what, "apply") == 0 && get_bool(c, "average", &k->average, st))
       goto fail;
     if (get_bool(c, "replicated", &k->replicated, st)) goto fail;

@@ -72,3 +72,84 @@ def test_save_and_restore_tables_on_a_remote_path_and_their_errors(tmp_path):
             dynemb.restore_tables("ram://dynemb_test/api/none")
         with pytest.raises(ValueError, match="incremental checkpoints .* local directory"):
             dynemb.save_tables("ram://dynemb_test/api/delta", incremental=True)
+
+
+def test_saving_again_to_a_remote_directory_keeps_only_the_new_files(tmp_path):
+    # The engine deletes the files of the previous save's tables; the copy
+    # there deletes them too, so a directory saved to N times holds one save.
+    t, ids, train, read = _model("resave")
+    d = "ram://dynemb_test/resave"
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        for k in range(3):
+            _steps(s, ids, train, 3 * k, 3 * k + 3)
+            dynemb.save_tables(d)
+            dynemb.save_tables(str(tmp_path / "local"))
+        want = s.run(read)
+        assert sorted(tf.io.gfile.listdir(d)) == sorted(os.listdir(tmp_path / "local"))
+        _steps(s, ids, train, 20, 23)
+        dynemb.restore_tables(d)
+        np.testing.assert_array_equal(s.run(read), want)
+
+
+def test_prune_keeps_other_prefixes_and_checkpoints_the_saver_keeps(tmp_path):
+    # max_to_keep=1: the Saver's older steps go, and their sparse directories
+    # with them; another Saver's prefix that starts alike ("model-best") and
+    # a step whose checkpoint files are still there are kept, locally and
+    # on a remote file system alike.
+    t, ids, train, read = _model("prune")
+    for root in (str(tmp_path), "ram://dynemb_test/prune"):
+        saver = tf.compat.v1.train.Saver(max_to_keep=1)
+        best = tf.compat.v1.train.Saver(max_to_keep=5)
+        with tf.compat.v1.Session() as s:
+            s.run(tf.compat.v1.global_variables_initializer())
+            best.save(s, root + "/model-best", global_step=100)
+            saver.save(s, root + "/model", global_step=1)
+            for f in tf.io.gfile.glob(root + "/model-1.*"):  # (kept by its user, say)
+                tf.io.gfile.copy(f, f.replace("model-1", "model-7"))
+            tf.io.gfile.makedirs(root + "/sparse-model-7")
+            saver.save(s, root + "/model", global_step=2)
+            saver.save(s, root + "/model", global_step=3)
+        names = {n.rstrip("/") for n in tf.io.gfile.listdir(root)}
+        assert {"sparse-model-best-100", "sparse-model-7", "sparse-model-3"} <= names, root
+        assert not {"sparse-model-1", "sparse-model-2"} & names, root
+
+
+def test_file_scheme_paths_are_local_and_remote_exports(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    t, ids, train, read = _model("scheme")
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        _steps(s, ids, train, 0, 6)
+        path = saver.save(s, "file://" + str(tmp_path / "ck" / "model"), global_step=1)
+        assert (tmp_path / "ck" / "sparse-model-1" / "MANIFEST").is_file()
+        assert not (tmp_path / "file:").exists()
+        saver.restore(s, path)
+        # mxRec's saver.sparse.export of a checkpoint on a remote file system
+        saver.save(s, "ram://dynemb_test/exp/model", global_step=2)
+        from dynemb.saver.sparse import export
+        assert export() == ["scheme"]
+        keys = "ram://dynemb_test/exp/sparse-model-2/npy/scheme/keys.npy"
+        with tf.io.gfile.GFile(keys, "rb") as f:
+            got = np.load(f)
+    assert len(got) == t.size() and not (tmp_path / "ram:").exists()
+
+
+def test_a_full_remote_save_after_local_incremental_ones(tmp_path):
+    # Tables saved incrementally before (locally) still save in full to a
+    # remote path; a delta there is the explicit error.
+    t, ids, train, read = _model("mixed")
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        _steps(s, ids, train, 0, 3)
+        dynemb.save_tables(str(tmp_path / "full"), incremental=True)
+        _steps(s, ids, train, 3, 6)
+        dynemb.save_tables(str(tmp_path / "delta"), incremental=True)
+        want = s.run(read)
+        dynemb.save_tables("ram://dynemb_test/mixed")
+        with pytest.raises(ValueError, match="incremental checkpoints"):
+            dynemb.save_tables("ram://dynemb_test/mixed2", incremental=True)
+        _steps(s, ids, train, 6, 9)
+        dynemb.restore_tables("ram://dynemb_test/mixed")
+        np.testing.assert_array_equal(s.run(read), want)

@@ -102,7 +102,7 @@ def sparse_dir(prefix: str) -> str:
     if remote.is_remote(prefix):
         d, base = remote.split(prefix)
         return d + "/" + SPARSE_PREFIX + base
-    d, base = os.path.split(os.path.normpath(prefix))
+    d, base = os.path.split(os.path.normpath(remote.local_path(prefix)))
     return os.path.join(d, SPARSE_PREFIX + base)
 
 
@@ -144,15 +144,12 @@ def save_tables(path: str, tables: Optional[Iterable[Any]] = None,
     delta follows its chain (restore_tables, Saver.restore, warm start)."""
     names = _names(tables)
     size = _state.get_rank_size()
+    path = remote.local_path(path)
     target = part_dir(path, _state.get_rank_id(), size) if size > 1 else path
     error = None
     tracked = incremental or any(n in _state.INCREMENTAL_TABLES for n in names)
-    if remote.is_remote(path) and tracked:
-        raise ValueError(
-            "save_tables('%s'): incremental checkpoints build on the directory of the "
-            "previous save, which the engine reads from a local path: save them to a "
-            "local directory or a mounted file system (NFS, a FUSE mount of HDFS or S3)"
-            % path)
+    if remote.is_remote(path) and incremental:
+        raise ValueError(_remote_incremental("save_tables('%s', incremental=True)" % path))
     try:
         if remote.is_remote(path):  # (staged locally, then copied there)
             with remote.writable(target) as local:
@@ -166,6 +163,12 @@ def save_tables(path: str, tables: Optional[Iterable[Any]] = None,
     if size > 1:
         _all_ranks_ok(_state.CHECKPOINT_CHANNEL, error, "save_tables('%s')" % path)
     return names
+
+
+def _remote_incremental(what: str) -> str:
+    return ("%s: incremental checkpoints build on the directory of the previous save, "
+            "which the engine reads from a local path: save them to a local directory or "
+            "a mounted file system (NFS, a FUSE mount of HDFS or S3)" % what)
 
 
 def _write(target: str, names: list[str], tracked: bool, incremental: bool,
@@ -236,11 +239,17 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
     `embedding_only` takes the embeddings and starts the optimizer slots
     afresh (another optimizer). Each table is verified before it changes.
     Returns the names restored."""
+    path = remote.local_path(path)
     if remote.is_remote(path):
         with remote.readable(str(path)) as local:
             if not os.path.isdir(local):
                 raise ValueError("restore_tables('%s'): no such checkpoint directory" % path)
-            return restore_tables(local, tables, name_map, embedding_only)
+            try:
+                return restore_tables(local, tables, name_map, embedding_only)
+            except _lib.DynembError as e:  # (named by the remote path)
+                raise _lib.DynembError(e.code, str(e).replace(local, path)) from None
+            except ValueError as e:
+                raise ValueError(str(e).replace(local, path)) from None
     names = _names(tables)
     name_map = dict(name_map or {})
     flags = _lib.IMPORT_REPLACE | (_lib.IMPORT_EMBEDDING_ONLY if embedding_only else 0)
@@ -282,43 +291,52 @@ def _checkpoint_path(saver: Any, sess: Any, save_path: str, global_step: Any) ->
     return "%s-%d" % (save_path, int(global_step))
 
 
+def _pruned(d: str, n: str, base: str, keep: set, join: Any) -> bool:
+    """Whether entry `n` of directory `d` is a sparse (or earlier versions'
+    <prefix>.dynemb) directory of Saver prefix `base` that may go: one of
+    its steps (``<base>-<digits>``, not another prefix that starts alike),
+    not kept, and whose checkpoint the Saver has deleted (a checkpoint it
+    keeps for keep_checkpoint_every_n_hours keeps its rows)."""
+    step = r"(?:-\d+)?"
+    if re.fullmatch(re.escape(SPARSE_PREFIX + base) + step, n):
+        prefix = n[len(SPARSE_PREFIX):]
+    elif re.fullmatch(re.escape(base) + step + re.escape(LEGACY_SUFFIX), n):
+        prefix = n[:-len(LEGACY_SUFFIX)]
+    else:
+        return False
+    full = join(d, n)
+    return full not in keep and not tf.io.gfile.exists(join(d, prefix) + ".index")
+
+
 def _prune(saver: Any, save_path: str) -> None:
     """Removes this Saver's sparse directories (and earlier versions'
-    <prefix>.dynemb ones) whose checkpoint its max_to_keep has deleted,
-    but never one that a kept incremental checkpoint builds on."""
+    <prefix>.dynemb ones) whose checkpoint the Saver has deleted (its
+    max_to_keep), but never one that a kept incremental checkpoint builds
+    on."""
     if remote.is_remote(save_path):
-        _prune_remote(saver, save_path)
+        keep = {sparse_dir(p) for p in saver.last_checkpoints}  # (no chains there)
+        d, base = remote.split(save_path)
+        try:
+            names = [n.rstrip("/") for n in tf.io.gfile.listdir(d)]
+        except tf.errors.OpError:
+            return
+        for n in names:
+            if _pruned(d, n, base, keep, lambda a, b: a + "/" + b) and \
+                    tf.io.gfile.isdir(d + "/" + n):
+                tf.io.gfile.rmtree(d + "/" + n)
         return
     keep = set().union(*[chain_dirs(sparse_dir(p)) for p in saver.last_checkpoints]) | \
-        {os.path.normpath(p + LEGACY_SUFFIX) for p in saver.last_checkpoints}
-    d, base = os.path.split(os.path.normpath(save_path))
+        {os.path.normpath(remote.local_path(p) + LEGACY_SUFFIX) for p in saver.last_checkpoints}
+    d, base = os.path.split(os.path.normpath(remote.local_path(save_path)))
     d = d or "."
     try:
         names = os.listdir(d)
     except OSError:
         return
+    join = lambda a, b: os.path.normpath(os.path.join(a, b))  # noqa: E731
     for n in names:
-        full = os.path.normpath(os.path.join(d, n))
-        ours = (n == SPARSE_PREFIX + base or n.startswith(SPARSE_PREFIX + base + "-") or
-                (n.endswith(LEGACY_SUFFIX) and
-                 (n == base + LEGACY_SUFFIX or n.startswith(base + "-"))))
-        if ours and full not in keep and os.path.isdir(full):
-            shutil.rmtree(full, ignore_errors=True)
-
-
-def _prune_remote(saver: Any, save_path: str) -> None:
-    """_prune on a TensorFlow file system (no incremental chains there)."""
-    keep = {sparse_dir(p) for p in saver.last_checkpoints}
-    d, base = remote.split(save_path)
-    try:
-        names = [n.rstrip("/") for n in tf.io.gfile.listdir(d)]
-    except tf.errors.OpError:
-        return
-    for n in names:
-        full = d + "/" + n
-        if (n == SPARSE_PREFIX + base or n.startswith(SPARSE_PREFIX + base + "-")) and \
-                full not in keep and tf.io.gfile.isdir(full):
-            tf.io.gfile.rmtree(full)
+        if _pruned(d, n, base, keep, join) and os.path.isdir(join(d, n)):
+            shutil.rmtree(join(d, n), ignore_errors=True)
 
 
 _NOT_SAVED = threading.local()
@@ -357,6 +375,8 @@ def _save(self, sess, save_path, global_step=None, *args, is_incremental_checkpo
     hook = getattr(_HOOK_DELTA, "kind", None)  # "full" / "delta" of the hook's schedule
     save_delta = save_delta or hook == "delta"
     is_incremental_checkpoint = is_incremental_checkpoint or hook is not None
+    if (save_delta or is_incremental_checkpoint) and remote.is_remote(path):
+        raise ValueError(_remote_incremental("Saver.save('%s')" % path))
     if save_delta or is_incremental_checkpoint:
         # (a delta saved again under the same step replaces its directory)
         if save_delta and os.path.isdir(sparse_dir(path)):
@@ -424,6 +444,11 @@ def _write_npy(path: str, tables: dict) -> None:
     if bad:
         raise ValueError("dynemb export: table '%s' cannot be a directory name (a '/' or "
                          "'.' / '..'); nothing was written" % bad[0])
+    path = remote.local_path(path)
+    if remote.is_remote(path):  # (written locally, then copied there)
+        with remote.writable(path) as local:
+            _write_npy(local, tables)
+        return
     os.makedirs(path, exist_ok=True)
     for name, (keys, emb) in tables.items():
         final = os.path.join(path, name)
@@ -456,6 +481,10 @@ def export_checkpoint(ckpt_dir: str, path: str,
     by default; the rows of all its rank parts when several ranks wrote
     it), each table verified before it is written."""
     import numpy as np
+    ckpt_dir = remote.local_path(ckpt_dir)
+    if remote.is_remote(ckpt_dir):  # (read from a local copy)
+        with remote.readable(ckpt_dir) as local:
+            return export_checkpoint(local, path, tables)
     names = list(tables) if tables is not None else sorted(_entries(ckpt_dir))
     if not names and not os.path.isdir(ckpt_dir):
         raise ValueError("dynemb export: '%s' is not a checkpoint directory" % ckpt_dir)

@@ -243,7 +243,8 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     evict_cfg = _check_evict_config(hashtable, access_and_evict_config)
     st = _state.graph_state(graph)
     if evict_cfg is not None:
-        weight = evict_cfg["faae_coefficient"]
+        if not from_spec:  # (a FeatureSpec's ids weigh its own coefficient)
+            weight = evict_cfg["faae_coefficient"]
         prev = st.evict_configs.get(tname)
         if prev is not None and dict(prev, faae_coefficient=weight) != evict_cfg:
             raise ValueError("sparse_lookup('%s'): access_and_evict_config %s differs from "

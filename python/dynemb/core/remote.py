@@ -36,8 +36,14 @@ MANIFEST = "MANIFEST"
 
 def is_remote(path: str) -> bool:
     """Whether `path` names a TensorFlow file system other than the local
-    one (``file://`` paths are local)."""
+    one (``file://`` paths are local: local_path)."""
     return bool(_SCHEME.match(str(path))) and not str(path).startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """`path` without a ``file://`` scheme (the engine opens plain paths)."""
+    path = str(path)
+    return path[len("file://"):] if path.startswith("file://") else path
 
 
 def split(path: str) -> tuple:
@@ -67,20 +73,32 @@ def download(remote: str, local: str) -> bool:
 
 
 def upload(local: str, remote: str) -> None:
-    """Copies directory tree `local` into `remote`, every MANIFEST last."""
-    last = []
+    """Makes directory tree `remote` hold what `local` holds: the files
+    copied, every MANIFEST last (each through a temporary name and a rename,
+    so a crash never leaves a truncated one in place of a good one), then
+    the files `remote` had that `local` no longer has removed (the engine
+    deletes the files of tables an earlier save wrote and this one
+    replaced; `local` started as a copy of `remote`)."""
+    last, wanted = [], {}
     for root, _, files in os.walk(local):
         rel = os.path.relpath(root, local)
         target = remote.rstrip("/") + ("" if rel == "." else "/" + rel.replace(os.sep, "/"))
         tf.io.gfile.makedirs(target)
+        wanted[target] = set(files)
         for name in sorted(files):
             pair = (os.path.join(root, name), target + "/" + name)
             if name == MANIFEST:
                 last.append(pair)
             else:
                 tf.io.gfile.copy(*pair, overwrite=True)
-    for pair in last:
-        tf.io.gfile.copy(*pair, overwrite=True)
+    for src, dst in last:
+        tf.io.gfile.copy(src, dst + ".tmp", overwrite=True)
+        tf.io.gfile.rename(dst + ".tmp", dst, overwrite=True)
+    for target, names in wanted.items():
+        for name in tf.io.gfile.listdir(target):
+            if not name.endswith("/") and name not in names and \
+                    not tf.io.gfile.isdir(target + "/" + name):
+                tf.io.gfile.remove(target + "/" + name)
 
 
 @contextlib.contextmanager
@@ -117,12 +135,17 @@ _MIRRORS: dict = {}
 def mirror(remote_dir: str) -> str:
     """A local copy of directory `remote_dir` that lasts until the process
     exits (warm start builds load ops that read it when they run), made
-    once per directory; a path that does not exist if `remote_dir` does
-    not."""
-    if remote_dir not in _MIRRORS:
+    once per version of the directory (its listing); a path that does not
+    exist if `remote_dir` does not."""
+    try:
+        version = tuple(sorted(tf.io.gfile.listdir(remote_dir)))
+    except tf.errors.OpError:
+        version = ()
+    key = (remote_dir, version)
+    if key not in _MIRRORS:
         stage = _staging()
         atexit.register(shutil.rmtree, stage, True)
         local = os.path.join(stage, "ckpt")
         download(remote_dir, local)
-        _MIRRORS[remote_dir] = local
-    return _MIRRORS[remote_dir]
+        _MIRRORS[key] = local
+    return _MIRRORS[key]
