@@ -38,6 +38,7 @@
 /* ... and by at most 256 MiB at a time: where the file system has no
  * fallocate, glibc's posix_fallocate writes the blocks, under the mutex */
 #define GROW_MAX_BYTES (UINT64_C(256) << 20)
+#define NO_SEGMENT UINT64_MAX /* first_seg of a file without segments */
 
 static uint64_t page_bytes(void) {
   long p = sysconf(_SC_PAGESIZE);
@@ -79,6 +80,57 @@ static int anon_file(const char *dir) {
   return fd2;
 }
 
+/* Frees what dynemb_ssd_open allocated (files closed), leaving it off. */
+static void free_store(dynemb_ssd *s) {
+  for (int k = 0; s->fds && k < s->ndirs; k++)
+    if (s->fds[k] >= 0) close(s->fds[k]);
+  for (int k = 0; s->dirs && k < s->ndirs; k++) free(s->dirs[k]);
+  free(s->dirs);
+  free(s->fds);
+  free(s->fbytes);
+  free(s->first_seg);
+  free(s->seg_file);
+  free(s->segs);
+  free(s->dir);
+  dynemb_ssd_init_off(s);
+}
+
+/* s->dirs from the '\n'-separated list s->dir (empty lines skipped). */
+static int split_dirs(dynemb_ssd *s) {
+  int n = 0;
+  for (const char *p = s->dir; *p;) {
+    size_t len = strcspn(p, "\n");
+    if (len) n++;
+    p += len + (p[len] == '\n');
+  }
+  s->dirs = calloc(n ? (size_t)n : 1, sizeof *s->dirs);
+  if (!s->dirs) return -1;
+  for (const char *p = s->dir; *p;) {
+    size_t len = strcspn(p, "\n");
+    if (len && !(s->dirs[s->ndirs++] = strndup(p, len))) return -1;
+    p += len + (p[len] == '\n');
+  }
+  return 0;
+}
+
+/* Directory k's file (made now if it has none yet). Caller holds s->mu
+ * or owns the store. EIO with a message. */
+static int open_file(dynemb_ssd *s, int k) {
+  if (s->fds[k] >= 0) return DYNEMB_OK;
+  int fd = anon_file(s->dirs[k]);
+  if (fd < 0)
+    return dynemb_error_set(DYNEMB_EIO,
+                            "table '%s': cannot create the SSD tier's file in "
+                            "ssd_data_path '%s' (%s); pass an existing, "
+                            "writable directory",
+                            s->table, s->dirs[k], strerror(errno));
+#ifdef POSIX_FADV_RANDOM
+  (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+#endif
+  s->fds[k] = fd;
+  return DYNEMB_OK;
+}
+
 int dynemb_ssd_open(dynemb_ssd *s, const char *dir, const char *table,
                     size_t emb_bytes, size_t slot_bytes, uint64_t capacity) {
   dynemb_ssd_init_off(s);
@@ -99,33 +151,41 @@ int dynemb_ssd_open(dynemb_ssd *s, const char *dir, const char *table,
   s->nsegs = (capacity + s->seg_records - 1) >> shift;
   s->dir = strdup(dir);
   s->segs = calloc(s->nsegs ? s->nsegs : 1, sizeof *s->segs);
-  if (!s->dir || !s->segs) {
-    free(s->dir);
-    free(s->segs);
-    s->dir = NULL;
-    s->segs = NULL;
+  s->seg_file = malloc((s->nsegs ? s->nsegs : 1) * sizeof *s->seg_file);
+  if (!s->dir || !s->segs || !s->seg_file || split_dirs(s)) {
+    free_store(s);
     return dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory opening the SSD tier",
                             table);
   }
-  int fd = anon_file(dir);
-  if (fd < 0) {
-    int e = errno;
-    free(s->dir);
-    free(s->segs);
-    s->dir = NULL;
-    s->segs = NULL;
-    return dynemb_error_set(DYNEMB_EIO,
-                            "table '%s': cannot create the SSD tier's file in "
-                            "ssd_data_path '%s' (%s); pass an existing, "
-                            "writable directory",
-                            table, dir, strerror(e));
+  for (uint64_t i = 0; i < s->nsegs; i++) s->seg_file[i] = -1;
+  if (!s->ndirs) {
+    free_store(s);
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': ssd_data_path names no directory; "
+                            "pass one, or several one per line",
+                            table);
   }
-#ifdef POSIX_FADV_RANDOM
-  (void)posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
-#endif
+  s->fds = malloc((size_t)s->ndirs * sizeof *s->fds);
+  s->fbytes = calloc((size_t)s->ndirs, sizeof *s->fbytes);
+  s->first_seg = calloc((size_t)s->ndirs, sizeof *s->first_seg);
+  if (!s->fds || !s->fbytes || !s->first_seg) {
+    free_store(s);
+    return dynemb_error_set(DYNEMB_ENOMEM,
+                            "table '%s': out of memory opening the SSD tier",
+                            table);
+  }
+  for (int k = 0; k < s->ndirs; k++) {
+    s->fds[k] = -1;
+    s->first_seg[k] = NO_SEGMENT;
+  }
+  int rc = open_file(s, 0);
+  if (rc) {
+    free_store(s);
+    return rc;
+  }
   pthread_mutex_init(&s->mu, NULL);
-  s->fd = fd;
+  s->fd = s->fds[0];
   return DYNEMB_OK;
 }
 
@@ -133,12 +193,9 @@ void dynemb_ssd_close(dynemb_ssd *s) {
   if (s->fd < 0) return;
   for (uint64_t i = 0; i < s->nsegs; i++)
     if (s->segs[i]) munmap(s->segs[i], s->seg_bytes);
-  free(s->segs);
-  close(s->fd);
   pthread_mutex_destroy(&s->mu);
   free(s->free_list);
-  free(s->dir);
-  dynemb_ssd_init_off(s);
+  free_store(s);
 }
 
 int dynemb_ssd_relayout(dynemb_ssd *s, size_t emb_bytes, size_t slot_bytes) {
@@ -156,45 +213,81 @@ int dynemb_ssd_relayout(dynemb_ssd *s, size_t emb_bytes, size_t slot_bytes) {
   return DYNEMB_OK;
 }
 
-/* The file offset where record `r` ends. */
+/* Where record `r` ends: its segment's offset in its file plus its own
+ * end in the segment (the segment must have a file). */
 static uint64_t rec_end(const dynemb_ssd *s, uint64_t r) {
-  return (r >> s->seg_shift) * s->seg_bytes +
+  const uint64_t seg = r >> s->seg_shift;
+  return (seg - s->first_seg[s->seg_file[seg]]) * s->seg_bytes +
          ((r & (s->seg_records - 1)) + 1) * s->rec_bytes;
 }
 
-/* Makes record `r` (the next one past the high-water mark) usable: grows
- * the file over it (by 1/8 of the file, within [GROW_MIN_BYTES,
- * GROW_MAX_BYTES], or, if the disk refuses that, by what the record needs)
- * and maps its segment. Caller holds s->mu. EIO with a message. */
+static int disk_full(int e) { return e == ENOSPC || e == EDQUOT || e == EFBIG; }
+
+/* Grows directory k's file to at least `need` bytes (by 1/8 of the file,
+ * within [GROW_MIN_BYTES, GROW_MAX_BYTES], or, if the disk refuses that,
+ * by what is needed). Caller holds s->mu. 0 or the system's error. */
+static int grow(dynemb_ssd *s, int k, uint64_t need) {
+  const uint64_t pg = page_bytes();
+  need = round_up(need, pg);
+  if (need <= s->fbytes[k]) return 0;
+  uint64_t step = s->fbytes[k] / 8;
+  if (step < GROW_MIN_BYTES) step = GROW_MIN_BYTES;
+  if (step > GROW_MAX_BYTES) step = GROW_MAX_BYTES;
+  uint64_t want = round_up(s->fbytes[k] + step, pg);
+  if (want < need || s->ndirs > 1) want = need; /* (whole segments) */
+  int e = posix_fallocate(s->fds[k], (off_t)s->fbytes[k],
+                          (off_t)(want - s->fbytes[k]));
+  if (e && want > need) {
+    want = need;
+    e = posix_fallocate(s->fds[k], (off_t)s->fbytes[k],
+                        (off_t)(want - s->fbytes[k]));
+  }
+  if (!e) s->fbytes[k] = want;
+  return e;
+}
+
+/* Makes record `r` (the next one past the high-water mark) usable: gives
+ * its segment a file (the current directory's, or, when that disk is full,
+ * the next directory's), grows the file over it and maps the segment.
+ * Caller holds s->mu. EIO with a message. */
 static int make_usable(dynemb_ssd *s, uint64_t r) {
-  const uint64_t seg = r >> s->seg_shift, end = rec_end(s, r);
-  if (end > s->file_bytes) {
-    const uint64_t pg = page_bytes(), need = round_up(end, pg);
-    uint64_t step = s->file_bytes / 8;
-    if (step < GROW_MIN_BYTES) step = GROW_MIN_BYTES;
-    if (step > GROW_MAX_BYTES) step = GROW_MAX_BYTES;
-    uint64_t want = round_up(s->file_bytes + step, pg);
-    if (want < need) want = need;
-    int e = posix_fallocate(s->fd, (off_t)s->file_bytes,
-                            (off_t)(want - s->file_bytes));
-    if (e && want > need) {
-      want = need;
-      e = posix_fallocate(s->fd, (off_t)s->file_bytes,
-                          (off_t)(want - s->file_bytes));
+  const uint64_t seg = r >> s->seg_shift;
+  for (;;) {
+    const int fresh = s->seg_file[seg] < 0;
+    int rc;
+    if (fresh) { /* segments come in order: the next one of s->cur's file */
+      if ((rc = open_file(s, s->cur))) return rc;
+      if (s->first_seg[s->cur] == NO_SEGMENT) s->first_seg[s->cur] = seg;
+      s->seg_file[seg] = s->cur;
     }
-    if (e)
-      return dynemb_error_set(DYNEMB_EIO,
-                              "table '%s': the SSD tier's file in '%s' cannot "
-                              "grow to %llu bytes (%s); free space on the disk "
-                              "behind ssd_data_path, or lower "
-                              "ssd_vocabulary_size",
-                              s->table, s->dir, (unsigned long long)want,
-                              strerror(e));
-    s->file_bytes = want;
+    const int k = s->seg_file[seg];
+    const uint64_t seg_at = (seg - s->first_seg[k]) * s->seg_bytes;
+    /* several directories: a segment's whole length at once */
+    int e = grow(s, k, s->ndirs > 1 ? seg_at + s->seg_bytes : rec_end(s, r));
+    if (!e) break;
+    if (fresh) { /* (as it was) */
+      s->seg_file[seg] = -1;
+      if (s->first_seg[k] == seg) s->first_seg[k] = NO_SEGMENT;
+    }
+    if (fresh && disk_full(e) && k + 1 < s->ndirs && s->fbytes[k] <= seg_at) {
+      s->cur = k + 1; /* this disk is full: on to the next directory */
+      continue;
+    }
+    return dynemb_error_set(
+        DYNEMB_EIO,
+        "table '%s': the SSD tier's file in '%s' cannot grow (%s)%s; free "
+        "space on the disk behind ssd_data_path, %slower "
+        "ssd_vocabulary_size",
+        s->table, s->dirs[k], strerror(e),
+        s->ndirs > 1 && k + 1 == s->ndirs ? ", the last directory of "
+                                            "ssd_data_path"
+                                          : "",
+        s->ndirs > 1 ? "add a directory, or " : "");
   }
   if (!s->segs[seg]) {
+    const int k = s->seg_file[seg];
     void *p = mmap(NULL, s->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                   s->fd, (off_t)(seg * s->seg_bytes));
+                   s->fds[k], (off_t)((seg - s->first_seg[k]) * s->seg_bytes));
     if (p == MAP_FAILED)
       return dynemb_error_set(DYNEMB_EIO,
                               "table '%s': cannot map %llu bytes of the SSD "
@@ -202,7 +295,7 @@ static int make_usable(dynemb_ssd *s, uint64_t r) {
                               "be on a file system that supports shared "
                               "mappings, with address space to spare",
                               s->table, (unsigned long long)s->seg_bytes,
-                              s->dir, strerror(errno));
+                              s->dirs[k], strerror(errno));
     /* rows are read one by one at random: no read-ahead around them */
     (void)madvise(p, s->seg_bytes, MADV_RANDOM);
     __atomic_store_n(&s->segs[seg], (char *)p, __ATOMIC_RELEASE);
@@ -255,7 +348,7 @@ static char *record(dynemb_ssd *s, uint32_t rec, const char *what) {
                      "table '%s': %s record %u of the SSD tier in '%s' "
                      "failed: it is past the end of the file (an internal "
                      "error; please report it)",
-                     s->table, what, rec, s->dir);
+                     s->table, what, rec, s->dirs[0]);
     return NULL;
   }
   return dynemb_ssd_addr(s, rec);
@@ -297,11 +390,16 @@ void dynemb_ssd_prefault(dynemb_ssd *s, uint64_t nrec) {
   char *base = NULL;
   uint64_t from = 0, to = 0;
   if (s->high <= last && make_usable(s, last) == DYNEMB_OK) {
+    /* offsets as segment * seg_bytes + offset in the segment; the file of
+     * the segment holds it from seg_at on */
+    const int k = s->seg_file[seg];
     const uint64_t seg_off = seg * s->seg_bytes, pg = page_bytes();
+    const uint64_t seg_at = (seg - s->first_seg[k]) * s->seg_bytes;
     from = s->populated > seg_off ? s->populated : seg_off;
     from = from / pg * pg;
-    to = round_up(rec_end(s, last), pg);
-    if (to > s->file_bytes) to = s->file_bytes;
+    to = round_up(rec_end(s, last) - seg_at + seg_off, pg);
+    if (to > seg_off + (s->fbytes[k] - seg_at))
+      to = seg_off + (s->fbytes[k] - seg_at);
     if (to > from) {
       s->populated = to;
       base = s->segs[seg] + (from - seg_off);
@@ -370,8 +468,10 @@ void dynemb_ssd_reset(dynemb_ssd *s) {
   __atomic_store_n(&s->high, 0, RELAXED);
   s->used = 0;
   /* only gives space back: errors change nothing. The segments stay
-   * mapped (no record is in use) and see the file grow again later. */
-  if (ftruncate(s->fd, 0) == 0) s->file_bytes = 0;
+   * mapped (no record is in use), each to its file, and see the files grow
+   * again later. */
+  for (int k = 0; k < s->ndirs; k++)
+    if (s->fds[k] >= 0 && ftruncate(s->fds[k], 0) == 0) s->fbytes[k] = 0;
   s->populated = 0;
   pthread_mutex_unlock(&s->mu);
 }

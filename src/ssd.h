@@ -22,7 +22,14 @@
  * drops clean ones under memory pressure, as it did for the page cache
  * behind pread. The file grows by posix_fallocate before a record past its
  * end is handed out, so a full disk is an EIO from dynemb_ssd_alloc (with
- * the table and directory named), never a fault on a later write. What the
+ * the table and directory named), never a fault on a later write.
+ *
+ * Several directories (mxRec's ssd_data_path list) are filled one after
+ * the other: each gets a file when the one before it cannot take the next
+ * segment (its disk is full: ENOSPC, EDQUOT, EFBIG), and then the file
+ * grows a whole segment at a time, so that a segment never straddles two
+ * files; the segments after it go to the next directory. One directory
+ * grows its file gradually, as it needs. What the
  * mapping cannot turn into an error code: a media error while the kernel
  * reads a page back raises SIGBUS, as for any mapped file.
  *
@@ -42,8 +49,15 @@
 #define DYNEMB_SSD_MAX_RECORDS ((UINT64_C(1) << 30) - 1)
 
 typedef struct dynemb_ssd {
-  int fd;             /* -1: the table has no SSD tier */
-  char *dir;          /* the directory, for messages */
+  int fd;             /* the first directory's file; -1: no SSD tier */
+  char *dir;          /* the directories as configured ('\n' between) */
+  char **dirs;        /* [ndirs] each directory, for files and messages */
+  int ndirs;
+  int cur;            /* the directory that takes new segments (under mu) */
+  int *fds;           /* [ndirs] each directory's file, -1 until needed */
+  uint64_t *fbytes;   /* [ndirs] each file's allocated length (under mu) */
+  uint64_t *first_seg; /* [ndirs] the first segment in each file */
+  int *seg_file;      /* [nsegs] segment i's file, -1 until it has one */
   const char *table;  /* the table's name, for messages (not owned) */
   size_t emb_bytes;   /* embedding part of a record */
   size_t slot_bytes;  /* optimizer-slot part (may be 0) */
@@ -60,8 +74,8 @@ typedef struct dynemb_ssd {
   uint64_t high; /* records ever handed out since the last reset (written
                     under mu, read with atomics) */
   uint64_t used; /* records holding a row now */
-  uint64_t file_bytes; /* the file's allocated length */
-  uint64_t populated;  /* file bytes claimed by dynemb_ssd_prefault */
+  uint64_t populated;  /* records' bytes claimed by dynemb_ssd_prefault,
+                          as segment * seg_bytes + offset in the segment */
   uint64_t reads, writes; /* records read / written (relaxed atomics) */
   /* readahead policy (relaxed atomics): calls left that advise the kernel
    * of their records before reading them (dynemb_ssd_note_faults) */
@@ -72,8 +86,11 @@ typedef struct dynemb_ssd {
 void dynemb_ssd_init_off(dynemb_ssd *s);
 
 /* Creates the anonymous record file in `dir` for table `table` (the
- * pointer is kept for messages). Errors: EIO (the directory is missing or
- * not writable: the message names it and the fix), ENOMEM. */
+ * pointer is kept for messages); `dir` may list several directories, one
+ * per line, filled in that order (the first one's file is made now, the
+ * others' when needed). Errors: EIO (the first directory is missing or
+ * not writable: the message names it and the fix), EINVAL (an empty
+ * list), ENOMEM. */
 int dynemb_ssd_open(dynemb_ssd *s, const char *dir, const char *table,
                     size_t emb_bytes, size_t slot_bytes, uint64_t capacity);
 void dynemb_ssd_close(dynemb_ssd *s);

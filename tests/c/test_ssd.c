@@ -10,10 +10,12 @@
  * refuses writes (RLIMIT_FSIZE): EIO naming the directory, nothing lost.
  */
 #include <signal.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -502,6 +504,84 @@ static void test_disk_refuses_writes(void) {
   dynemb_registry_clear();
 }
 
+/* ssd_data_path with several directories (mxRec's list): filled one after
+ * the other. Files may grow to one 64 MiB segment each (RLIMIT_FSIZE
+ * stands in for a full disk): segment 0 goes to the first directory, the
+ * next ones to the next directories, each file in its own directory; with
+ * every directory full, EIO names the last one and the fix, and nothing
+ * written before is lost; after a reset the segments refill their files. */
+static int in_dir(int fd, const char *dir) {
+  char link[64], target[4096];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n < 0) return 0;
+  target[n] = 0;
+  return strncmp(target, dir, strlen(dir)) == 0 && target[strlen(dir)] == '/';
+}
+
+static void test_directories_filled_in_order(void) {
+  char base[512], dirs[3][600], list[2000];
+  snprintf(base, sizeof base, "%s/dynemb-ssd-dirs-%d", tmpdir(), (int)getpid());
+  CHECK(mkdir(base, 0700) == 0);
+  for (int k = 0; k < 3; k++) {
+    snprintf(dirs[k], sizeof dirs[k], "%s/d%d", base, k);
+    CHECK(mkdir(dirs[k], 0700) == 0);
+  }
+  enum { REC = 1024, SEG = 65536 }; /* 64 MiB segments */
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit old, lim;
+  getrlimit(RLIMIT_FSIZE, &old);
+  lim = old;
+  lim.rlim_cur = (rlim_t)SEG * REC;
+  CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+  for (int ndirs = 3; ndirs >= 2; ndirs--) {
+    snprintf(list, sizeof list, "%s\n%s%s%s", dirs[0], dirs[1],
+             ndirs == 3 ? "\n" : "", ndirs == 3 ? dirs[2] : "");
+    dynemb_ssd s;
+    CHECK_OK(dynemb_ssd_open(&s, list, "dirs", REC, 0, 3 * SEG));
+    CHECK(s.ndirs == ndirs && s.seg_records == SEG && s.fds[1] < 0);
+    float e[REC / 4], got[REC / 4];
+    uint32_t r = 0;
+    int rc = DYNEMB_OK;
+    uint64_t n = 0;
+    for (; n < 3 * SEG && (rc = dynemb_ssd_alloc(&s, &r)) == DYNEMB_OK; n++) {
+      if (r % SEG == 0 || r % SEG == SEG - 1) { /* a segment's ends */
+        for (int j = 0; j < REC / 4; j++) e[j] = (float)r + (float)j / 1024;
+        CHECK_OK(dynemb_ssd_write(&s, r, e, NULL));
+      }
+    }
+    if (ndirs == 3) {
+      CHECK(rc == DYNEMB_OK && n == 3 * SEG);
+      CHECK(dynemb_ssd_alloc(&s, &r) == DYNEMB_ECAPACITY);
+    } else { /* two directories hold two segments; the third fails */
+      CHECK(rc == DYNEMB_EIO && n == 2 * SEG);
+      CHECK(strstr(dynemb_last_error(), dirs[1]) != NULL &&
+            strstr(dynemb_last_error(), "add a directory") != NULL);
+    }
+    for (int k = 0; k < ndirs; k++) CHECK(in_dir(s.fds[k], dirs[k]));
+    for (uint64_t g = 0; g < n / SEG; g++)
+      for (uint64_t q = g * SEG; q < (g + 1) * SEG; q += SEG - 1) {
+        CHECK_OK(dynemb_ssd_read(&s, (uint32_t)q, got, NULL));
+        CHECK(got[0] == (float)q && got[5] == (float)q + 5.0f / 1024);
+      }
+    dynemb_ssd_reset(&s); /* the segments refill the files they had */
+    for (n = 0; n < 2 * SEG && dynemb_ssd_alloc(&s, &r) == DYNEMB_OK; n++) {
+    }
+    CHECK(n == 2 * SEG);
+    CHECK_OK(dynemb_ssd_write(&s, SEG + 7, e, NULL));
+    CHECK_OK(dynemb_ssd_read(&s, SEG + 7, got, NULL));
+    CHECK(got[3] == e[3]);
+    dynemb_ssd_close(&s);
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  for (int k = 0; k < 3; k++) rmdir(dirs[k]);
+  rmdir(base);
+  /* an empty list is an error naming the fix */
+  dynemb_ssd s2;
+  CHECK(dynemb_ssd_open(&s2, "\n", "none", 16, 0, 8) == DYNEMB_EINVAL);
+  CHECK(strstr(dynemb_last_error(), "names no directory") != NULL);
+}
+
 int main(void) {
   RUN(test_store_records);
   RUN(test_readahead_policy);
@@ -514,5 +594,6 @@ int main(void) {
   RUN(test_promote_into_room);
   RUN(test_sparse_memory);
   RUN(test_disk_refuses_writes);
+  RUN(test_directories_filled_in_order);
   return check_summary();
 }
