@@ -34,6 +34,15 @@ int __wrap_dynemb_lookup_weighted(dynemb_table *t, const int64_t *keys,
   return zero_rows(t, n, out);
 }
 
+int __wrap_dynemb_lookup_tickets(dynemb_table *t, const int64_t *keys,
+                                 size_t n, int mode, int64_t now,
+                                 uint32_t weight, float *out,
+                                 dynemb_ticket *tickets) {
+  (void)keys, (void)mode, (void)now, (void)weight;
+  memset(tickets, 0xff, n * sizeof *tickets); /* DYNEMB_NOT_ADMITTED */
+  return zero_rows(t, n, out);
+}
+
 int __wrap_dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
                                   const dynemb_ticket *tickets, size_t n,
                                   float *out) {

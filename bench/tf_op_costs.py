@@ -124,10 +124,10 @@ def main(argv=None) -> int:
                for n, t in zip(sizes, names)]
     none = tf.zeros([0], tf.int64)
     lookups = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, tickets=none, table_name=t,
-                                 is_train=False)
+                                 is_train=False)[0]
                for t, i, tb in zip(names, ids, tables)]
     lookups_prepared = [ops.dynemb_lookup(ids=i, now=now, anchor=tb.anchor, tickets=k,
-                                          use_tickets=True, table_name=t, is_train=False)
+                                          use_tickets=True, table_name=t, is_train=False)[0]
                         for t, i, tb, k in zip(names, ids, tables, tickets)]
 
     native_vars = [tf.compat.v1.get_variable(f"native_{t}", [2**18 if t != "wide" else 2**22, d],

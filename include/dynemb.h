@@ -341,6 +341,13 @@ DYNEMB_API int dynemb_prepare_weighted(dynemb_table *t, const int64_t *keys,
                                        size_t n, int mode, int64_t now,
                                        uint32_t weight,
                                        dynemb_ticket *tickets);
+/* dynemb_lookup_weighted that also writes what dynemb_prepare_weighted
+ * would: one ticket per key, DYNEMB_NOT_ADMITTED where the key read the
+ * default value (which ids have a row, in one pass). */
+DYNEMB_API int dynemb_lookup_tickets(dynemb_table *t, const int64_t *keys,
+                                     size_t n, int mode, int64_t now,
+                                     uint32_t weight, float *out,
+                                     dynemb_ticket *tickets);
 
 /* Reads the rows of a prepared batch: what a TRAIN lookup at prepare time
  * would have returned (rows updated since are read as they are now).

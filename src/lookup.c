@@ -351,6 +351,19 @@ int dynemb_lookup_weighted(dynemb_table *t, const int64_t *keys, size_t n,
                      "dynemb_lookup");
 }
 
+int dynemb_lookup_tickets(dynemb_table *t, const int64_t *keys, size_t n,
+                          int mode, int64_t now, uint32_t weight, float *out,
+                          dynemb_ticket *tickets) {
+  if (t && n && keys && (!out || !tickets)) {
+    dynemb_error_clear();
+    return dynemb_error_set(DYNEMB_EINVAL, "table '%s': lookup of %zu keys got "
+                            "a NULL %s buffer; pass valid buffers", t->name, n,
+                            out ? "tickets" : "output");
+  }
+  return lookup_impl(t, keys, n, mode, now, weight, out, tickets,
+                     "dynemb_lookup");
+}
+
 int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
                   int64_t now, float *out) {
   return dynemb_lookup_weighted(t, keys, n, mode, now, 1, out);

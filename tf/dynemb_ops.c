@@ -17,7 +17,9 @@
  *                 anchor(float, ignored), tickets(int64 [n], used only when
  *                 attr use_tickets is set by a graph rewrite: the admission
  *                 tickets of the prepared batch, dynemb_lookup_prepared)
- *                 -> float [n, dim]
+ *                 -> float [n, dim], and has_row bool ([n] with attr
+ *                 `found`, else [0]): which ids read a row (the others the
+ *                 default: not admitted, unknown), dynemb_lookup_tickets
  *   DynembPrepare ids, now -> tickets int64 (ids' shape; -1 =
  *                 DYNEMB_NOT_ADMITTED): dynemb_prepare
  *   (Both: attr faae_coefficient, the sightings one occurrence counts for
@@ -85,6 +87,7 @@ typedef struct kstate {
   int64_t weight;
   int use_trainable; /* apply: use input `trainable` (set by graph rewrites) */
   int use_tickets;   /* lookup, apply: use input `tickets` (graph rewrites) */
+  int found;         /* lookup: output has_row says which ids read a row */
   int64_t shard_index, shard_count, flags; /* import, load only */
   char *dir, *source_name; /* load only: checkpoint directory, table in it */
   int rows_only;           /* load only */
@@ -161,11 +164,11 @@ static kstate *with_bools(TF_OpKernelConstruction *c, kstate *k,
   return k;
 }
 
-/* DynembLookup: is_train and use_tickets. */
+/* DynembLookup: is_train, use_tickets and found. */
 static void *create_lookup_prepared(TF_OpKernelConstruction *c) {
   kstate *k = create_common(c, "is_train", 0);
-  return with_bools(c, k, (const char *const[]){"use_tickets", NULL},
-                    k ? (int *const[]){&k->use_tickets} : NULL);
+  return with_bools(c, k, (const char *const[]){"use_tickets", "found", NULL},
+                    k ? (int *const[]){&k->use_tickets, &k->found} : NULL);
 }
 
 /* DynembApply: use_trainable and use_tickets. */
@@ -233,8 +236,10 @@ static dynemb_table *find_table(TF_OpKernelContext *ctx, const kstate *k,
 static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   const kstate *k = p;
   TF_Tensor *ids = NULL, *nowt = NULL, *out = NULL, *tickets = NULL;
+  TF_Tensor *has = NULL;
   dynemb_table *t = NULL;
   int64_t *wide = NULL;
+  dynemb_ticket *own = NULL;
   if (!(ids = input(ctx, "ids")) || !(nowt = input(ctx, "now")) ||
       !(tickets = input(ctx, "tickets")))
     goto done;
@@ -243,13 +248,16 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   if (!(t = find_table(ctx, k, "lookup"))) goto done;
   const int64_t n = TF_TensorElementCount(ids);
   const int dim = dynemb_table_dim(t);
-  const int64_t dims[2] = {n, dim};
-  if (!(out = output(ctx, 0, TF_FLOAT, dims, 2, sizeof(float)))) goto done;
+  const int64_t dims[2] = {n, dim}, hdims[1] = {k->found ? n : 0};
+  if (!(out = output(ctx, 0, TF_FLOAT, dims, 2, sizeof(float))) ||
+      !(has = output(ctx, 1, TF_BOOL, hdims, 1, sizeof(TF_Bool))))
+    goto done;
   if (n == 0) goto done;
   const int64_t *keys =
       ids_as_int64(ctx, k->table_name, ids, n, "lookup", &wide);
   if (!keys) goto done;
   int rc;
+  const dynemb_ticket *which = NULL; /* found: the tickets saying it */
   if (k->use_tickets) {
     if (TF_TensorElementCount(tickets) != n) {
       fail(ctx, TF_INVALID_ARGUMENT, "dynemb lookup: table '%s': %lld "
@@ -258,17 +266,34 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
       goto done;
     }
     /* int64 -1 is DYNEMB_NOT_ADMITTED (UINT64_MAX): same bits */
-    rc = dynemb_lookup_prepared(t, keys, TF_TensorData(tickets), (size_t)n,
-                                TF_TensorData(out));
+    which = TF_TensorData(tickets);
+    rc = dynemb_lookup_prepared(t, keys, which, (size_t)n, TF_TensorData(out));
+  } else if (k->found) {
+    if (!(own = malloc((size_t)n * sizeof *own))) {
+      fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb lookup: out of memory");
+      goto done;
+    }
+    which = own;
+    rc = dynemb_lookup_tickets(
+        t, keys, (size_t)n,
+        k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL, now,
+        (uint32_t)k->weight, TF_TensorData(out), own);
   } else {
     rc = dynemb_lookup_weighted(
         t, keys, (size_t)n,
         k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL, now,
         (uint32_t)k->weight, TF_TensorData(out));
   }
-  if (rc != DYNEMB_OK) fail_engine(ctx, rc, "lookup");
+  if (rc != DYNEMB_OK) {
+    fail_engine(ctx, rc, "lookup");
+  } else if (k->found) {
+    TF_Bool *h = TF_TensorData(has);
+    for (int64_t i = 0; i < n; i++) h[i] = which[i] != DYNEMB_NOT_ADMITTED;
+  }
 done:
   free(wide);
+  free(own);
+  if (has) TF_DeleteTensor(has);
   if (tickets) TF_DeleteTensor(tickets);
   if (out) TF_DeleteTensor(out);
   if (ids) TF_DeleteTensor(ids);
@@ -687,10 +712,11 @@ __attribute__((constructor)) static void dynemb_register_ops(void) {
   register_op("DynembLookup",
               LIST("table_name: string", "is_train: bool = true",
                    "use_tickets: bool = false",
-                   "faae_coefficient: int >= 1 = 1", "Tkeys: {int32, int64}"),
+                   "faae_coefficient: int >= 1 = 1", "found: bool = false",
+                   "Tkeys: {int32, int64}"),
               LIST("ids: Tkeys", "now: int64", "anchor: float",
                    "tickets: int64"),
-              LIST("embeddings: float"), create_lookup_prepared,
+              LIST("embeddings: float", "has_row: bool"), create_lookup_prepared,
               lookup_compute);
   register_op("DynembPrepare",
               LIST("table_name: string", "is_train: bool = true",

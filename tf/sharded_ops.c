@@ -284,11 +284,13 @@ static char *layout(TF_OpKernelContext *ctx, parts *pt, int n, size_t head,
 /* ------------------------------------------------------------------------ */
 
 /* Keys part: {status, now, unique keys u, flags} then u keys and, with flag
- * COUNTS, their u occurrence counts (uint32; else each occurs once).
+ * COUNTS, their u occurrence counts (uint32; else each occurs once); flag
+ * FOUND: the asking lookup needs to know which keys read the default (an
+ * eval lookup's owner then says so too, whatever its own op's attr).
  * Rows part: {status, dim, u, flags} then, with flag DEFAULTS, u counts of
  * the occurrences (the first ones) that read the default value (before the
  * key's admission; uint32; else none), then u rows. */
-enum { HEAD = 4 * sizeof(int64_t), COUNTS = 1, DEFAULTS = 1 };
+enum { HEAD = 4 * sizeof(int64_t), COUNTS = 1, FOUND = 2, DEFAULTS = 1 };
 
 /* The route's group that part r carries: owner r's keys, or all keys for a
  * replicated table (its route has one group, sent to every rank). */
@@ -304,7 +306,8 @@ static size_t keys_bytes(const void *p, int r) {
   const keys_arg *a = p;
   int o = group_of(a->k, r);
   size_t u = a->rt->first[o + 1] - a->rt->first[o];
-  return u * sizeof(int64_t) + (a->with_counts[r] ? u * sizeof(uint32_t) : 0);
+  return u * sizeof(int64_t) +
+         (a->with_counts[r] & COUNTS ? u * sizeof(uint32_t) : 0);
 }
 
 /* What an owner received from one rank. */
@@ -329,13 +332,15 @@ static uint32_t count_of(const asked *a, size_t j) {
 static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
                         size_t total, int64_t now, float *rows,
                         uint32_t *defaults) {
+  int found = 0; /* (any asking rank's lookup wants it) */
+  for (int r = 0; r < n; r++) found |= (a[r].flags & FOUND) != 0;
   int64_t *ukeys = malloc((total ? total : 1) * sizeof *ukeys);
   if (!ukeys) return DYNEMB_ENOMEM;
   for (int r = 0; r < n; r++)
     if (a[r].u) memcpy(ukeys + a[r].first, a[r].keys, (size_t)a[r].u * 8);
   memset(defaults, 0, total * sizeof *defaults);
   int rc = DYNEMB_OK;
-  if (!k->is_train && !k->found) { /* reads only: every occurrence alike */
+  if (!k->is_train && !found) { /* reads only: every occurrence alike */
     rc = total ? dynemb_lookup(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, rows)
                : DYNEMB_OK;
     free(ukeys);
@@ -485,6 +490,7 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
     for (size_t g = rt.first[group_of(k, r)]; g < rt.first[group_of(k, r) + 1];
          g++)
       if (rt.ucount[g] > 1) flags[r] = COUNTS;
+  for (int r = 0; k->found && r < n_ranks; r++) flags[r] |= FOUND;
   keys_arg ka = {&rt, flags, k};
   if (!(send = layout(ctx, &pt, n_ranks, HEAD, status ? NULL : keys_bytes, &ka,
                       "sharded lookup"))) {

@@ -66,8 +66,7 @@ def test_insert_func_argument_errors():
         get_asc_insert_func()
     with pytest.raises(ValueError, match="got both"):
         get_asc_insert_func(two, [0], ["a"])
-    with pytest.raises(ValueError, match="no table named 'nope'"):
-        get_asc_insert_func(None, [0], ["nope"])   # mxRec's positional order
+    get_asc_insert_func(None, [0], ["later"])  # (Estimator: tables come after input_fn)
     _table("pos")
     with pytest.raises(ValueError, match="one table per position"):
         get_asc_insert_func(args_index_list=[0, 1], table_names=["pos"])
@@ -80,9 +79,20 @@ def test_insert_func_argument_errors():
     floats = tf.data.Dataset.from_tensor_slices((np.zeros(4, np.float32),)).batch(2)
     with pytest.raises(TypeError, match="component 0 .* int32 or int64"):
         floats.map(get_asc_insert_func(args_index_list=[0], table_names=["pos"]))
-    as_dict = tf.data.Dataset.from_tensor_slices({"x": np.arange(4)}).batch(2)
-    with pytest.raises(ValueError, match="a dict; .*FeatureSpec"):
-        as_dict.map(get_asc_insert_func(args_index_list=[0], table_names=["pos"]))
+    with pytest.raises(ValueError, match="ints >= 0"):
+        get_asc_insert_func(args_index_list=[True], table_names=["pos"])
+    # positions in the flattened element (tf.nest: dict values by sorted key,
+    # nested tuples in order); the element comes back as it was
+    nested = tf.data.Dataset.from_tensor_slices(
+        ({"b": np.zeros(4, np.float32), "a": np.arange(4)}, (np.ones(4, np.float32),
+                                                              np.arange(4)))).batch(2)
+    out = nested.map(get_asc_insert_func(args_index_list=[np.int64(0), 3],
+                                         table_names=["pos", "pos"], feature_counts=[1, 1]))
+    assert out.element_spec == nested.element_spec
+    with pytest.raises(TypeError, match="component 1 .* int32 or int64"):
+        nested.map(get_asc_insert_func(args_index_list=[1], table_names="pos"))
+    with pytest.raises(ValueError, match="feature_counts must have one count per position"):
+        get_asc_insert_func(args_index_list=0, table_names="pos", feature_counts=[1, 2])
     ds = tf.data.Dataset.from_tensor_slices({"x": np.arange(4)}).batch(2)
     with pytest.raises(KeyError, match="'user'"):
         ds.map(get_asc_insert_func(tgt_key_specs=[FeatureSpec("user", table_name="t")],

@@ -152,3 +152,37 @@ def test_a_lookup_without_a_value_reads_zeros_whatever_other_lookups_set():
     np.testing.assert_array_equal(got1["valued"], [[7, 8], [7, 8]])
     np.testing.assert_array_equal(got2["valued"], [[1, 2], [1, 2]])
     np.testing.assert_array_equal(got2["plain"], [[0, 0], [0, 0]])
+
+
+def test_own_defaults_cost_one_lookup_and_export_in_any_order(tmp_path):
+    # A lookup that says which ids have a row does it in its own pass (no
+    # second probe of the table), and the export serves it: here an eval
+    # lookup with numbers is built first, so the train lookup without a
+    # value (zeros) is the one with a default of its own; an explicit zero
+    # value keeps reading zeros when a later lookup brings other numbers.
+    dynemb.init()
+    t = dynemb.create_table(tf.int64, 2, "order", tf.compat.v1.constant_initializer(0.5))
+    pin = dynemb.create_table(tf.int64, 2, "pin", tf.compat.v1.constant_initializer(0.5))
+    ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+    valued = dynemb.sparse_lookup(t, ids, is_train=False, serving_default_value=[7.0, 8.0])
+    train = dynemb.sparse_lookup(t, ids, access_and_evict_config={"access_threshold": 2})
+    zeros = dynemb.sparse_lookup(pin, ids, is_train=False, serving_default_value=0.0)
+    dynemb.sparse_lookup(pin, ids, is_train=False, serving_default_value=[7.0, 8.0])
+    pin_train = dynemb.sparse_lookup(pin, ids)
+    graph = tf.compat.v1.get_default_graph()
+    assert not [op for op in graph.get_operations() if op.type == "DynembPrepare"]
+    q = np.array([1, 5], np.int64)
+    with tf.compat.v1.Session() as s:
+        first = s.run(train, {ids: [1, 1, 3]})   # 1 admitted at its 2nd sighting
+        s.run(pin_train, {ids: [1]})
+        got = s.run({"zeros": zeros, "valued": valued}, {ids: q})
+        dynemb.export_saved_model(s, str(tmp_path / "m"), {"ids": ids}, {"train": train})
+    np.testing.assert_array_equal(first, [[0, 0], [0.5, 0.5], [0, 0]])
+    np.testing.assert_array_equal(got["zeros"], [[0.5, 0.5], [0, 0]])
+    np.testing.assert_array_equal(got["valued"], [[0.5, 0.5], [7, 8]])
+    with tf.Graph().as_default() as g, tf.compat.v1.Session() as s:
+        mg = tf.compat.v1.saved_model.loader.load(s, ["serve"], str(tmp_path / "m"))
+        assert not [n.op for n in g.as_graph_def().node if n.op.startswith("Dynemb")]
+        sig = mg.signature_def["serving_default"]
+        served = s.run(sig.outputs["train"].name, {sig.inputs["ids"].name: q})
+    np.testing.assert_array_equal(served, [[0.5, 0.5], [0, 0]])

@@ -222,6 +222,8 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
             set_default_value(hashtable, numbers)  # the table's own (or its size error)
         elif not same:  # batch-computed, or other numbers than the table's
             per_lookup_default = serving_default_value
+        elif not engine_default.any():  # explicit zeros read the engine's zeros
+            _state.DEFAULT_READERS.add(tname)
     elif engine_default.any():  # another lookup's numbers are the engine's
         per_lookup_default = tf.constant(0.0)
     else:
@@ -260,7 +262,8 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                 h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
     dim = hashtable.dim
     with tf.name_scope(name or op_name(tname) + "_lookup"):
-        static_count, plain_tickets, sharded_found = 0, None, None
+        static_count, has_row = 0, None
+        own_default = per_lookup_default is not None
         if send_count is not None:
             ids, static_count = _check_send_count(ids, send_count, tname)
         now = _now_tensor(evict_cfg, ids, bool(is_train))
@@ -275,24 +278,16 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                 "eval",) + tuple(sorted(_iterators_of(ids)))
             emb = exchange.sharded_lookup(tname, ids, now, hashtable.anchor,
                                           bool(is_train), chain, static_count,
-                                          hashtable.is_dp, weight,
-                                          found=per_lookup_default is not None)
-            if per_lookup_default is not None:  # (and which ids read a row)
-                emb, sharded_found = emb
-        elif per_lookup_default is not None and is_train and not (modify_graph or from_spec):
-            # A train lookup with a default of its own needs to know which
-            # occurrences were admitted: the table work as a prepare (the
-            # admission tickets), and the rows read through them.
-            plain_tickets = _lib.ops.dynemb_prepare(ids=ids, now=now, table_name=tname,
-                                                    is_train=True, faae_coefficient=weight)
-            emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
-                                         tickets=plain_tickets, table_name=tname,
-                                         is_train=False, use_tickets=True)
+                                          hashtable.is_dp, weight, found=own_default)
+            if own_default:  # (and which ids read a row)
+                emb, has_row = emb
         else:
-            emb = _lib.ops.dynemb_lookup(ids=ids, now=now, anchor=hashtable.anchor,
-                                         tickets=unused_input(tf.int64),
-                                         table_name=tname, is_train=bool(is_train),
-                                         faae_coefficient=weight)
+            # With a default of its own the lookup also says which ids read
+            # a row (one pass; in the prepared modes, its batch's tickets).
+            emb, has_row = _lib.ops.dynemb_lookup(
+                ids=ids, now=now, anchor=hashtable.anchor, tickets=unused_input(tf.int64),
+                table_name=tname, is_train=bool(is_train), faae_coefficient=weight,
+                found=own_default)
         emb.set_shape([ids.shape.num_elements(), dim])
         lookup_op = emb.op
         if not (is_train and is_grad):
@@ -301,8 +296,7 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
             _publish_by_address(graph, st, hashtable, ids, emb)
         found = None
         if per_lookup_default is not None:
-            emb, found = _with_default(emb, ids, lookup_op, per_lookup_default, hashtable,
-                                       plain_tickets, sharded_found)
+            emb, found = _with_default(emb, per_lookup_default, hashtable, has_row)
         if ids.shape.rank == 1:
             # A new tensor, so graph modification can mask the op's output
             # for every consumer (fetches included).
@@ -325,35 +319,23 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
     return out
 
 
-def _with_default(rows: tf.Tensor, ids: tf.Tensor, lookup_op: tf.Operation, value: Any,
-                  table: EmbeddingTable, tickets: Optional[tf.Tensor] = None,
-                  found: Optional[tf.Tensor] = None) -> tuple:
-    """A lookup's own serving_default_value (a tensor the graph computes, or
-    numbers other than the table's): rows [n, dim] with the ids that have no
-    row (not admitted, unknown) reading `value` (a scalar, [dim], [n, dim] or
-    ids' shape + [dim]) instead of the table's default. Which ids have a row:
-    the sharded lookup's has_row on several ranks (`found`), the admission
-    tickets of a plain train lookup (`tickets`), else what an eval-mode
-    DynembPrepare says right after the lookup (the prepared modes
-    switch a train lookup's to the batch's admission tickets, exactly what
-    their lookups read); returns (rows, that bool [n])."""
-    tname, dim = table.table_name, table.dim
+def _with_default(rows: tf.Tensor, value: Any, table: EmbeddingTable,
+                  has_row: tf.Tensor) -> tuple:
+    """A lookup's own serving_default_value (a tensor the graph computes,
+    numbers other than the engine's default row, or zeros where that row is
+    not): rows [n, dim] with the ids that have no row (not admitted,
+    unknown) reading `value` (a scalar, [dim], [n, dim] or ids' shape +
+    [dim]) instead. `has_row` [n]: the lookup op's own output (the prepared
+    modes switch a train lookup's to its batch's admission tickets, exactly
+    what its rows follow). Returns (rows, that bool [n])."""
+    dim = table.dim
     value = tf.cast(tf.convert_to_tensor(value), tf.float32)
     n = tf.shape(rows)[0]
     if value.shape.rank is not None and value.shape.rank <= 1:
         value = tf.broadcast_to(value, tf.stack([n, dim]))
     else:
         value = tf.reshape(value, tf.stack([n, dim]), name="serving_default_value")
-    if found is not None:
-        found = tf.identity(found, name="has_row")
-    else:
-        if tickets is None:
-            with tf.control_dependencies([lookup_op]):
-                tickets = _lib.ops.dynemb_prepare(ids=tf.reshape(ids, [-1]),
-                                                  now=tf.constant(0, tf.int64),
-                                                  table_name=tname, is_train=False)
-        found = tf.not_equal(tf.reshape(tickets, [-1]), tf.constant(-1, tf.int64),
-                             name="has_row")
+    found = tf.identity(has_row, name="has_row")
     return tf.where(tf.expand_dims(found, 1), rows, value), found
 
 

@@ -430,7 +430,6 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
             h = ctypes.c_void_p()
             _lib.check(_lib.clib.dynemb_table_create(ctypes.byref(c), ctypes.byref(h)),
                        "create_table('%s')" % name)
-            _state.DEFAULT_READERS.discard(name)  # (a new table: zeros by default)
             _state.HANDLES[name] = h
 
     table = EmbeddingTable(name, dim, key_dtype, opt, graph, is_save)

@@ -171,7 +171,7 @@ class SparseOptimizer:
                                            replicated=table.is_dp)
         return _lib.ops.dynemb_lookup(ids=keys, now=now, anchor=table.anchor,
                                       tickets=unused_input(tf.int64),
-                                      table_name=table.table_name, is_train=False)
+                                      table_name=table.table_name, is_train=False)[0]
 
     def _bind_table(self, table: Any) -> None:
         """Makes this optimizer the table's: the engine takes its kind and

@@ -11,11 +11,13 @@ mxRec's path for it is ``dynemb.core.asc.helper``.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Dict, Sequence, Union
 
+import numpy as np
 import tensorflow as tf
 
-from dynemb import _lib, _state
+from dynemb import _state
 from dynemb.core.asc.spec import FeatureSpec, admitted_key, tickets_key
 from dynemb.graph import rewrite
 from dynemb.graph.modification import dump_dir
@@ -54,37 +56,39 @@ def _pipeline_clock(specs: Sequence[FeatureSpec], features: Dict[str, Any]) -> t
 
 def _by_positions(args_index_list: Any, table_names: Any, feature_counts: Any,
                   is_training: bool) -> Callable:
-    """mxRec's other form: the elements' components at `args_index_list` are
-    the ids of the tables `table_names`, looked up by tensor lookups
-    (``sparse_lookup(table, ids)``; mxRec's automatic graph modification builds
-    this form from them). dynemb's tensor lookups do that table work
-    themselves (in the step, or ahead of it in the pipeline with
-    modify_graph=True), so the function checks its arguments against the
-    elements and the tables and passes the elements on unchanged."""
+    """mxRec's other form: the elements' components at `args_index_list`
+    (positions in the element flattened as tf.nest flattens it: tuples in
+    order, dict values by sorted key) are the ids of the tables
+    `table_names`, looked up by tensor lookups (``sparse_lookup(table,
+    ids)``; mxRec's automatic graph modification builds this form from
+    them). dynemb's tensor lookups do that table work themselves (in the
+    step, or ahead of it in the pipeline with modify_graph=True), so the
+    function checks its arguments against the elements and passes them on
+    unchanged (as tf.data calls it: an element that is a 1-tuple comes back
+    as its one tensor)."""
     what = "get_asc_insert_func(args_index_list=...)"
-    positions = [args_index_list] if isinstance(args_index_list, int) else list(args_index_list)
-    names = [table_names] if isinstance(table_names, str) else list(table_names or [])
-    if not positions or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
-                            for i in positions):
+
+    def as_list(v: Any) -> list:
+        return [v] if isinstance(v, (int, str, np.integer)) else list(v)
+
+    try:
+        given = as_list(args_index_list)
+        positions = [operator.index(i) for i in given if not isinstance(i, bool)]
+    except TypeError:
+        given, positions = [None], []
+    if not positions or len(positions) != len(given) or min(positions) < 0:
         raise ValueError(f"{what}: args_index_list must be positions (ints >= 0) of the "
                          f"elements' id tensors, got {args_index_list!r}")
+    names = as_list(table_names) if table_names is not None else []
     if len(names) != len(positions) or not all(isinstance(n, str) for n in names):
         raise ValueError(f"{what}: table_names must name one table per position of "
                          f"args_index_list ({len(positions)}), got {table_names!r}")
-    if feature_counts is not None and len(list(feature_counts)) != len(positions):
+    if feature_counts is not None and len(as_list(feature_counts)) != len(positions):
         raise ValueError(f"{what}: feature_counts must have one count per position, got "
                          f"{feature_counts!r}")
-    for n in names:
-        with _lib.table_handle(n, ValueError(
-                f"{what}: no table named '{n}'; create it with create_table() first")):
-            pass
 
     def insert_fn(*args: Any) -> Any:
-        comps = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
-        if len(comps) == 1 and isinstance(comps[0], dict):
-            raise ValueError(f"{what}: the elements are a dict; positions name components "
-                             f"of tuple elements: use tgt_key_specs=[FeatureSpec(name, "
-                             f"table_name=..., index_key=<key>), ...] for dict elements")
+        comps = tf.nest.flatten(args)
         for i, n in zip(positions, names):
             if i >= len(comps):
                 raise ValueError(f"{what}: position {i} (table '{n}') is beyond the "
@@ -95,10 +99,10 @@ def _by_positions(args_index_list: Any, table_names: Any, feature_counts: Any,
                                 f"int64 tensor of ids, got {getattr(ids, 'dtype', type(ids))}")
         return args[0] if len(args) == 1 else args
 
-    logger.info("%s: %s %s the ids of tables %s; dynemb's lookups of them count, insert "
-                "and read in the %s", what, "train pipeline:" if is_training else
-                "eval pipeline:", "positions %s are" % positions, names,
-                "step, or ahead of it with modify_graph=True")
+    # (the tables may not exist yet: Estimator calls input_fn before model_fn)
+    logger.info("%s: %s positions %s are the ids of tables %s; dynemb's lookups of them "
+                "count, insert and read in the step, or ahead of it with modify_graph=True",
+                what, "train pipeline:" if is_training else "eval pipeline:", positions, names)
     return insert_fn
 
 
