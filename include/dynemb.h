@@ -180,7 +180,9 @@ typedef struct dynemb_table_config {
   uint64_t device_vocabulary_size;
   uint64_t host_vocabulary_size;
   uint64_t ssd_vocabulary_size;
-  const char *ssd_data_path; /* directory for the SSD tier's file; copied */
+  /* directory for the SSD tier's file, or several, one per line ('\n'),
+   * filled one after the other (ssd.h); copied */
+  const char *ssd_data_path;
   /* The name under which the caller's users set host_vocabulary_size, for
    * the "table is full" message (a binding may expose the budget under
    * another name, e.g. mxRec's device_vocabulary_size); NULL means

@@ -210,3 +210,35 @@ def test_warm_start_from_a_tiered_checkpoint(tmp_path, into_tiered):
         assert not np.array_equal(v2[:, 2:], values[:, 2:])  # fresh Adagrad slots
         st = dst.stats()
         assert st["size"] == 12 and st["ssd_rows"] == (9 if into_tiered else 0)
+
+
+def _tier_files(directory):
+    """This process's open files in `directory` (the tier's anonymous ones)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if os.path.dirname(target) == str(directory):
+            out.append(target)
+    return out
+
+
+def test_ssd_data_path_list_is_filled_in_order(tmp_path):
+    # mxRec: the directories are used one after the other (the next when a
+    # disk is full: tests/c/test_ssd.c). Every table starts in the first
+    # one; the others get a file only when needed.
+    dirs = [tmp_path / "nvme0", tmp_path / "nvme1"]
+    tables = [dynemb.create_table(tf.int64, 2, "inorder%d" % i, tf.compat.v1.zeros_initializer(),
+                                  host_vocabulary_size=2, ssd_vocabulary_size=50,
+                                  ssd_data_path=[str(d) for d in dirs]) for i in range(3)]
+    with tf.compat.v1.Session() as s:
+        for t in tables:
+            s.run(dynemb.sparse_lookup(t, tf.constant(np.arange(20), tf.int64)))
+    assert [t.stats()["ssd_rows"] for t in tables] == [18, 18, 18]
+    assert len(_tier_files(dirs[0])) == 3 and _tier_files(dirs[1]) == []
+    with pytest.raises(ValueError, match="newline"):
+        dynemb.create_table(tf.int64, 2, "nl", tf.compat.v1.zeros_initializer(),
+                            host_vocabulary_size=2, ssd_vocabulary_size=10,
+                            ssd_data_path=[str(tmp_path) + "\nx"])

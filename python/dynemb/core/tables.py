@@ -377,12 +377,15 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
     if ssd_vocabulary_size:
         # device + host rows stay in memory, a cache above the SSD tier; the
         # engine moves the least recently used ones to a file in ssd_data_path
-        # (one directory per table: a list spreads tables over disks).
-        # (mxRec's default and an empty list: the working directory)
+        # (a list: the directories filled one after the other, as mxRec does;
+        # its default and an empty list: the working directory)
         paths = [ssd_data_path] if isinstance(ssd_data_path, str) else list(ssd_data_path or ())
         if not paths:
             paths = [os.getcwd()]
         for path in map(str, paths):
+            if "\n" in path:
+                raise ValueError("create_table('%s'): ssd_data_path %r holds a newline; "
+                                 "pass directories without one" % (name, path))
             try:
                 os.makedirs(path, exist_ok=True)
             except OSError as e:
@@ -395,11 +398,12 @@ def create_table(key_dtype: Any, dim: Any, name: str, emb_initializer: Any,
         if memory_rows == 0:
             raise ValueError("create_table('%s'): an SSD tier needs rows in memory above it; "
                              "set host_vocabulary_size (or device_vocabulary_size) > 0" % name)
-        ssd_dir = str(paths[zlib.crc32(name_b) % len(paths)])
+        dirs = [str(p) for p in paths]
         if ranks > 1:  # ranks on one host must not share the table's file
-            ssd_dir = os.path.join(ssd_dir, "rank-%d" % _state.get_rank_id())
-            os.makedirs(ssd_dir, exist_ok=True)
-        ssd_path_b = ssd_dir.encode()
+            dirs = [os.path.join(d, "rank-%d" % _state.get_rank_id()) for d in dirs]
+            for d in dirs:
+                os.makedirs(d, exist_ok=True)
+        ssd_path_b = "\n".join(dirs).encode()  # (the engine's list: one per line)
         c.host_vocabulary_size = memory_rows
         c.ssd_vocabulary_size = ssd_vocabulary_size
         c.ssd_data_path = ssd_path_b
