@@ -117,7 +117,7 @@ def demo(args, work) -> dict:
         x, y = it.get_next()
         opt = criteo_model.sparse_optimizer()
         tables, wide = criteo_model.create_tables(8, 1, opt)
-        cfg = {"access_threshold": 2, "eviction_threshold": 0}
+        cfg = {"access_threshold": 2}
         _, loss = criteo_model.build_model(x, y, tables, wide, True, cfg, 1)
         train = criteo_model.train_op(loss, opt)
         serve_x = criteo_model.serving_inputs()

@@ -189,7 +189,7 @@ def build_dynemb(tf, cfg: Dict) -> Dict:
     dynemb.init(use_dynamic_expansion=True)
     it, features, label = make_iterator(tf, cfg["data_file"])
     sparse_opt = adagrad.create_hash_optimizer(learning_rate=0.05, initial_accumulator_value=0.1)
-    access = {"access_threshold": cfg["access_threshold"], "eviction_threshold": 0}
+    access = {"access_threshold": cfg["access_threshold"]}
     modify = cfg.get("dynemb_mode", "modify_graph") == "modify_graph"
     # --ssd-memory-rows N: every table keeps N rows in memory, the rest in an
     # SSD tier file (docs/ssd-tier.md) in a temporary directory

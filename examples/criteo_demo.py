@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     sparse_opt = criteo_model.sparse_optimizer()
     tables, wide = criteo_model.create_tables(args.dim, args.seed, sparse_opt,
                                               args.ssd_dir, args.memory_rows)
-    access_cfg = {"access_threshold": args.access_threshold, "eviction_threshold": 0}
+    access_cfg = {"access_threshold": args.access_threshold}
 
     _, loss = build_model(train_x, train_y, tables, wide, True, access_cfg, args.seed)
     eval_pred, _ = build_model(eval_x, eval_y, tables, wide, False, access_cfg, args.seed)

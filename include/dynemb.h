@@ -418,6 +418,11 @@ DYNEMB_API int dynemb_apply_prepared(dynemb_table *t, const int64_t *keys,
  * Does nothing when eviction_threshold is 0. *evicted (may be NULL) gets the
  * number of rows removed. Errors: EINVAL (now out of range). */
 DYNEMB_API int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted);
+/* dynemb_evict with the threshold given (>= 0; 0 removes every row and
+ * candidate not accessed at `now`: mxRec's eviction_threshold 0) instead
+ * of the table's. Errors: EINVAL (now out of range, threshold < 0). */
+DYNEMB_API int dynemb_evict_older_than(dynemb_table *t, int64_t now,
+                                       int64_t threshold, size_t *evicted);
 
 /* Removes every row and candidate (counters in stats are kept). */
 DYNEMB_API void dynemb_table_clear(dynemb_table *t);

@@ -48,15 +48,9 @@ static uint64_t evict_index(dynemb_table *t, dynemb_index *ix,
   return removed;
 }
 
-int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
-  dynemb_error_clear();
-  if (evicted) *evicted = 0;
-  if (!t) return dynemb_table_null_error("dynemb_evict");
-  if (now == DYNEMB_NOW_TABLE_CLOCK) now = (int64_t)LOAD(&t->clock);
-  int rc = dynemb_table_check_now(t, now);
-  if (rc) return rc;
-  int64_t thr = LOAD(&t->eviction_threshold);
-  if (thr <= 0) return DYNEMB_OK;
+/* Removes what is older than `thr` (>= 0) at `now` (checked). */
+static int evict_older(dynemb_table *t, int64_t now, int64_t thr,
+                       size_t *evicted) {
   uint64_t rows = 0, cands = 0;
   for (uint32_t s = 0; s < t->nshards; s++) {
     dynemb_shard *sh = &t->shards[s];
@@ -73,6 +67,35 @@ int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
   if (cands) ADD(&t->n_evicted_cands, cands);
   if (evicted) *evicted = (size_t)rows;
   return DYNEMB_OK;
+}
+
+/* The checks both entry points share: `now` resolved and in range. */
+static int evict_start(dynemb_table *t, int64_t *now, size_t *evicted,
+                       const char *fn) {
+  dynemb_error_clear();
+  if (evicted) *evicted = 0;
+  if (!t) return dynemb_table_null_error(fn);
+  if (*now == DYNEMB_NOW_TABLE_CLOCK) *now = (int64_t)LOAD(&t->clock);
+  return dynemb_table_check_now(t, *now);
+}
+
+int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
+  int rc = evict_start(t, &now, evicted, "dynemb_evict");
+  if (rc) return rc;
+  int64_t thr = LOAD(&t->eviction_threshold);
+  return thr > 0 ? evict_older(t, now, thr, evicted) : DYNEMB_OK;
+}
+
+int dynemb_evict_older_than(dynemb_table *t, int64_t now, int64_t threshold,
+                            size_t *evicted) {
+  int rc = evict_start(t, &now, evicted, "dynemb_evict_older_than");
+  if (rc) return rc;
+  if (threshold < 0)
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': eviction threshold %lld is negative; "
+                            "pass 0 or more",
+                            t->name, (long long)threshold);
+  return evict_older(t, now, threshold, evicted);
 }
 
 /* Frees the row (host memory or SSD record) of rows-index entry `e`. */

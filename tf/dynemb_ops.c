@@ -31,7 +31,8 @@
  *                 tickets int64 [n] (used only when attr use_tickets is
  *                 set: one admission ticket per key, dynemb_apply_prepared)
  *                 -> applied int64 scalar
- *   DynembEvict   now int64 scalar -> evicted int64 scalar
+ *   DynembEvict   now int64 scalar -> evicted int64 scalar (attr threshold:
+ *                 -1, the table's; >= 0, that one: dynemb_evict_older_than)
  *   DynembExport  -> meta int64[3] (dim, row_floats, optimizer kind), keys,
  *                 values [rows, row_floats], last_access, cand_keys,
  *                 cand_counts, cand_last_access, apply_steps (scalar)
@@ -88,6 +89,7 @@ typedef struct kstate {
   int use_trainable; /* apply: use input `trainable` (set by graph rewrites) */
   int use_tickets;   /* lookup, apply: use input `tickets` (graph rewrites) */
   int found;         /* lookup: output has_row says which ids read a row */
+  int64_t threshold; /* evict: >= 0, or -1: the table's own */
   int64_t shard_index, shard_count, flags; /* import, load only */
   char *dir, *source_name; /* load only: checkpoint directory, table in it */
   int rows_only;           /* load only */
@@ -179,6 +181,21 @@ static void *create_apply(TF_OpKernelConstruction *c) {
                     k ? (int *const[]){&k->use_trainable, &k->use_tickets}
                       : NULL);
 }
+/* DynembEvict: the threshold attr. */
+static void *create_evict(TF_OpKernelConstruction *c) {
+  kstate *k = create_common(c, NULL, 0);
+  if (!k) return NULL;
+  TF_Status *st = TF_NewStatus();
+  TF_OpKernelConstruction_GetAttrInt64(c, "threshold", &k->threshold, st);
+  if (TF_GetCode(st) != TF_OK) {
+    TF_OpKernelConstruction_Failure(c, st);
+    delete_state(k);
+    k = NULL;
+  }
+  TF_DeleteStatus(st);
+  return k;
+}
+
 static void *create_import(TF_OpKernelConstruction *c) {
   return create_common(c, NULL, 1);
 }
@@ -420,7 +437,9 @@ static void evict_compute(void *p, TF_OpKernelContext *ctx) {
   if (scalar_i64(ctx, nowt, "evict", "now", &now)) goto done;
   if (!(t = find_table(ctx, k, "evict"))) goto done;
   size_t evicted = 0;
-  int rc = dynemb_evict(t, now, &evicted);
+  int rc = k->threshold < 0
+               ? dynemb_evict(t, now, &evicted)
+               : dynemb_evict_older_than(t, now, k->threshold, &evicted);
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "evict");
     goto done;
@@ -729,8 +748,10 @@ __attribute__((constructor)) static void dynemb_register_ops(void) {
               LIST("keys: int64", "grads: float", "learning_rate: float",
                    "trainable: int64", "tickets: int64"),
               LIST("applied: int64"), create_apply, apply_compute);
-  register_op("DynembEvict", LIST("table_name: string"), LIST("now: int64"),
-              LIST("evicted: int64"), create_plain, evict_compute);
+  register_op("DynembEvict",
+              LIST("table_name: string", "threshold: int >= -1 = -1"),
+              LIST("now: int64"), LIST("evicted: int64"), create_evict,
+              evict_compute);
   register_op("DynembExport", LIST("table_name: string"), NULL,
               LIST("meta: int64", "keys: int64", "values: float",
                    "last_access: int64", "cand_keys: int64",

@@ -465,6 +465,30 @@ static void tweak_evict(dynemb_table_config *c) {
   c->shards = 1; /* slot reuse is per shard: one shard makes it exact */
 }
 
+/* An explicit threshold (mxRec's eviction_threshold 0 included): rows and
+ * candidates not accessed for more than it go, whatever the table's own. */
+static void test_evict_older_than(void) {
+  dynemb_table *t = make("ev0", 2, tweak_admit3); /* (its own threshold: 10) */
+  int64_t rows[3] = {1, 2, 3}, cand = 9;
+  float o[6];
+  for (int i = 0; i < 3; i++)
+    CHECK_OK(dynemb_lookup(t, rows, 3, DYNEMB_LOOKUP_TRAIN, 5, o));
+  CHECK_OK(dynemb_lookup(t, &cand, 1, DYNEMB_LOOKUP_TRAIN, 5, o));
+  CHECK_OK(dynemb_lookup(t, rows, 1, DYNEMB_LOOKUP_TRAIN, 7, o)); /* 1 at 7 */
+  size_t ev = 0;
+  CHECK_OK(dynemb_evict(t, 7, &ev)); /* the table's 10: nothing */
+  CHECK(ev == 0 && dynemb_table_size(t) == 3);
+  CHECK_OK(dynemb_evict_older_than(t, 7, 0, &ev)); /* not seen at 7: gone */
+  CHECK(ev == 2 && dynemb_table_size(t) == 1);
+  dynemb_snapshot s;
+  CHECK_OK(dynemb_table_snapshot(t, &s));
+  CHECK(s.rows == 1 && s.keys[0] == 1 && s.candidates == 0);
+  dynemb_snapshot_free(&s);
+  CHECK(dynemb_evict_older_than(t, 7, -1, &ev) == DYNEMB_EINVAL);
+  CHECK(strstr(dynemb_last_error(), "ev0") != NULL);
+  done(t);
+}
+
 static void test_eviction_reuse(void) {
   dynemb_table *t = make("ev", 16, tweak_evict);
   enum { N = 1000 };
@@ -1076,6 +1100,7 @@ int main(void) {
   RUN(test_admission);
   RUN(test_admission_counting_stopped);
   RUN(test_admission_weighted);
+  RUN(test_evict_older_than);
   RUN(test_eviction_reuse);
   RUN(test_apply_sgd);
   RUN(test_apply_nonfinite);

@@ -163,6 +163,34 @@ def test_wall_clock_table(monkeypatch):
             assert _keys("ev") == want, now   # id 2 (stamp 1000) goes at 1101 > 1000 + 100
 
 
+@pytest.mark.parametrize("how", ["lookup", "feature_spec"])
+def test_eviction_threshold_zero_evicts_what_was_not_seen_at_the_eviction(monkeypatch, how):
+    # mxRec: an eviction_threshold >= 0 turns eviction on, so 0 removes every
+    # row not accessed at the eviction's time; None and -1 are off.
+    from dynemb.core import lookup
+    wall = tf.compat.v1.placeholder(tf.int64, [], name="wall")
+    monkeypatch.setattr(lookup, "wall_time", lambda: wall)
+    cfg = {"eviction_threshold": 0, "eviction_clock": "wall"}
+    if how == "feature_spec":  # (the FeatureSpec's config, as sparse_lookup reads it)
+        spec = dynemb.FeatureSpec("zero", table_name="ev", access_threshold=1,
+                                  eviction_threshold=0)
+        cfg = dict(spec.access_and_evict_config, eviction_clock="wall")
+        assert spec.access_and_evict_config["eviction_threshold"] == 0
+    t, ids, _, train = _gs_model(cfg)
+    clock = _Clock(0)
+    hook = dynemb.EvictHook(evict_enable=True, evict_time_interval=1, clock=clock)
+    with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as s:
+        for now, batch, want in ((1000, [1, 2], [1, 2]), (1000, [3], [1, 2, 3]),
+                                 (1001, [1], [1]), (1003, [2, 4], [2, 4])):
+            clock.t = now
+            s.run(train, {ids: batch, wall: now})
+            assert _keys("ev") == want, now
+    for off in (None, -1):
+        assert dynemb.FeatureSpec("off", table_name="x", access_threshold=1,
+                                  eviction_threshold=off).access_and_evict_config[
+                                      "eviction_threshold"] is None
+
+
 def test_data_time_eviction_plain_lookups():
     # A timestamp tensor in ASCEND_TIMESTAMP: thresholds count data seconds.
     ts = tf.compat.v1.placeholder(tf.int64, [None])

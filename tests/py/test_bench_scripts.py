@@ -92,8 +92,7 @@ opt = adagrad.create_hash_optimizer(learning_rate=0.1, initial_accumulator_value
 table = dynemb.create_table(tf.int64, 4, "t", tf.compat.v1.constant_initializer(0.5),
                             optimizer_list=[opt])
 emb = dynemb.sparse_lookup(table, batch, is_train=True, modify_graph=True,
-                           access_and_evict_config={"access_threshold": 1,
-                                                    "eviction_threshold": 0})
+                           access_and_evict_config={"access_threshold": 1})
 loss = tf.reduce_sum(emb)
 sparse_vars = dynemb.get_dense_and_sparse_variable()[1]
 train = opt.apply_gradients(zip(tf.gradients(loss, sparse_vars), sparse_vars))

@@ -38,7 +38,7 @@ def _table(name="serve_t", dim=3, **kw):
 
 def _train(table, opt, batches, dtype=tf.int64, shape=(None,)):
     ids = tf.compat.v1.placeholder(dtype, shape, name="ids")
-    cfg = {"access_threshold": 2, "eviction_threshold": 0}
+    cfg = {"access_threshold": 2}
     rows = dynemb.sparse_lookup(table, ids, is_train=True, access_and_evict_config=cfg)
     train = opt.minimize(tf.reduce_sum(rows ** 2))
     return ids, rows, train

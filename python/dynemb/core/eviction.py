@@ -67,7 +67,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
                 trained.setdefault(r["table"].table_name, r)
         ops, self._evicted = [], []
         for name, cfg in sorted(st.evict_configs.items()):
-            if not cfg["eviction_threshold"] or name not in trained:
+            if cfg["eviction_threshold"] is None or name not in trained:
                 continue  # no eviction, or not trained in this graph (eval)
             table = st.tables[name]
             with graph.name_scope(None), tf.name_scope("dynemb_evict"):
@@ -84,7 +84,7 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
                             "global step; create one with "
                             "tf.compat.v1.train.get_or_create_global_step()" % name)
                     now = tf.cast(self._global_step, tf.int64)
-                out = table.evict_op(now)
+                out = table.evict_op(now, cfg["eviction_threshold"])
             self._evicted.append(out)
             ops.append(out.op)
         if ops:

@@ -72,12 +72,14 @@ def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[
     if bad:
         raise ValueError("sparse_lookup('%s'): unknown access_and_evict_config keys %s; "
                          "known: %s" % (table.table_name, bad, list(_EVICT_KEYS)))
-    # mxRec: None (the default) and -1 are off; 0 admits without counting
-    # (a count of 0 reaches it): at once.
+    # mxRec: None (the default) and -1 are off; an access_threshold of 0
+    # admits without counting (a count of 0 reaches it): at once; an
+    # eviction_threshold of 0 evicts what is not accessed at the eviction's
+    # time (dynemb keeps None for off).
     given = {k: cfg.get(k) for k in _EVICT_KEYS}
     out = {"access_threshold": 0 if given["access_threshold"] in (None, -1)
            else given["access_threshold"],
-           "eviction_threshold": 0 if given["eviction_threshold"] in (None, -1)
+           "eviction_threshold": None if given["eviction_threshold"] in (None, -1)
            else given["eviction_threshold"],
            "faae_coefficient": _state.check_faae(
                "sparse_lookup('%s')" % table.table_name,
@@ -85,6 +87,8 @@ def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[
            "eviction_clock": given["eviction_clock"] or "step"}
     for k in ("access_threshold", "eviction_threshold"):
         v = out[k]
+        if v is None:
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (
                 k == "access_threshold" and v > 2**32 - 1):
             raise ValueError("sparse_lookup('%s'): %s must be an int >= 0, got %r"
@@ -144,7 +148,7 @@ def _now_tensor(evict_cfg: Optional[dict], ids: tf.Tensor, is_train: bool) -> tf
     if evict_cfg and evict_cfg["eviction_clock"] == "wall":
         return wall_time()
     gs = tf.compat.v1.train.get_global_step()
-    if gs is None and evict_cfg and evict_cfg["eviction_threshold"]:
+    if gs is None and evict_cfg and evict_cfg["eviction_threshold"] is not None:
         gs = tf.compat.v1.train.get_or_create_global_step()
     if gs is None:
         return tf.constant(0, tf.int64)
@@ -258,8 +262,9 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         with _lib.table_handle(tname, no_longer_registered(tname)) as h:
             _state.set_table_threshold(h, evict_cfg["access_threshold"],
                                        "sparse_lookup('%s')" % tname)
+            # (the engine's own 0 is off: EvictHook passes 0 explicitly)
             _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
-                h, evict_cfg["eviction_threshold"]), "sparse_lookup('%s')" % tname)
+                h, evict_cfg["eviction_threshold"] or 0), "sparse_lookup('%s')" % tname)
     dim = hashtable.dim
     with tf.name_scope(name or op_name(tname) + "_lookup"):
         static_count, has_row = 0, None

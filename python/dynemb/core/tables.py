@@ -154,9 +154,11 @@ class EmbeddingTable:
         """A tensor with the counters (order: dynemb._lib.STATS_FIELDS)."""
         return _lib.ops.dynemb_stats(table_name=self.table_name)
 
-    def evict_op(self, now: Any) -> tf.Tensor:
-        """An op removing rows idle for more than eviction_threshold."""
-        return _lib.ops.dynemb_evict(now=tf.cast(now, tf.int64), table_name=self.table_name)
+    def evict_op(self, now: Any, threshold: Optional[int] = None) -> tf.Tensor:
+        """An op removing rows idle for more than `threshold` (0: every row
+        not accessed at `now`), or the table's eviction_threshold."""
+        return _lib.ops.dynemb_evict(now=tf.cast(now, tf.int64), table_name=self.table_name,
+                                     threshold=-1 if threshold is None else int(threshold))
 
     def export_op(self) -> Any:
         """The table's contents as tensors (see EXPORT_FIELDS)."""

@@ -189,9 +189,13 @@ def read_by_name(var: tf.Variable) -> tf.Tensor:
                    tf.int64)
 
 
-def table_evicts(table_name: str) -> bool:
-    cfg = _engine_config(table_name)
-    return bool(cfg.eviction_threshold)
+def table_evicts(table_name: str, graph: Optional[tf.Graph] = None) -> bool:
+    """Whether the table evicts (its engine threshold, or a lookup's or
+    FeatureSpec's eviction_threshold in `graph`: mxRec's 0 evicts too)."""
+    g = graph if graph is not None else tf.compat.v1.get_default_graph()
+    cfg = _state.graph_state(g).evict_configs.get(table_name) or {}
+    return bool(_engine_config(table_name).eviction_threshold) or \
+        cfg.get("eviction_threshold") is not None
 
 
 def _engine_config(table_name: str) -> _lib.TableConfig:

@@ -52,8 +52,7 @@ def model_fn(features, labels, mode):
     train = mode == tf.estimator.ModeKeys.TRAIN
     emb = dynemb.sparse_lookup(table, features["ids"], is_train=train, name="ids",
                                modify_graph=MODIFY,
-                               access_and_evict_config={"access_threshold": 2,
-                                                        "eviction_threshold": 0})
+                               access_and_evict_config={"access_threshold": 2})
     w = tf.compat.v1.get_variable("w", initializer=tf.constant(
         np.linspace(-1, 1, 3 * DIM, dtype=np.float32)[:, None]))
     logits = tf.matmul(tf.reshape(emb, [-1, 3 * DIM]), w)

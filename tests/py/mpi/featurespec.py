@@ -25,8 +25,8 @@ y_all = rng.integers(0, 2, size=(STEPS * B, 1)).astype(np.float32)
 
 table = dynemb.create_table(tf.int64, DIM, "fs", tf.compat.v1.random_uniform_initializer(
     -0.2, 0.2, seed=6))
-spec = dynemb.FeatureSpec("ids", table_name="fs", access_threshold=3, eviction_threshold=0)
-spec2 = dynemb.FeatureSpec("ids2", table_name="fs", access_threshold=3, eviction_threshold=0,
+spec = dynemb.FeatureSpec("ids", table_name="fs", access_threshold=3)
+spec2 = dynemb.FeatureSpec("ids2", table_name="fs", access_threshold=3,
                            faae_coefficient=2)
 
 

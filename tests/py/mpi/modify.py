@@ -37,7 +37,7 @@ held = tf.compat.v1.data.make_initializable_iterator(eval_ds).get_next()
 opt = dynemb.optimizers.lazy_adam.create_hash_optimizer(learning_rate=0.05)
 table = dynemb.create_table(tf.int64, DIM, "m", tf.compat.v1.random_uniform_initializer(
     -0.2, 0.2, seed=4))
-cfg = {"access_threshold": 2, "eviction_threshold": 0}
+cfg = {"access_threshold": 2}
 w = tf.compat.v1.get_variable("w", initializer=tf.constant(
     np.linspace(-1, 1, 3 * DIM, dtype=np.float32)[:, None]))
 

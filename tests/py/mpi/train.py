@@ -94,7 +94,7 @@ def train(kind):
     ec = dynemb.sparse_lookup(item, c, name="c", access_and_evict_config=admit)
     ed = dynemb.sparse_lookup(solo, d, name="d")
     ee = dynemb.sparse_lookup(dp, e, name="e", access_and_evict_config={
-        "access_threshold": 2, "eviction_threshold": 0})
+        "access_threshold": 2})
     x = tf.concat([tf.reshape(ea, [-1, 2 * DIM]), tf.reshape(eb, [-1, DIM]),
                    tf.reshape(ec, [-1, 3 * DIM]), tf.reshape(ed, [-1, DIM]),
                    tf.reshape(ee, [-1, DIM])], axis=1)

@@ -37,7 +37,7 @@ def _pipeline_clock(specs: Sequence[FeatureSpec], features: Dict[str, Any]) -> t
     if stamps:
         ts = features[stamps[0].index_key]
         return tf.reduce_max(tf.cast(ts, tf.int64))
-    evicting = [s.name for s in specs if s.eviction_threshold]
+    evicting = [s.name for s in specs if s.eviction_threshold is not None]
     outer = _outermost_graph(tf.compat.v1.get_default_graph())
     gs = tf.compat.v1.train.get_global_step(outer)
     if gs is None and evicting:  # the step counts eviction: make it, as Estimator does

@@ -91,7 +91,7 @@ def _set_thresholds(graph: tf.Graph, spec: FeatureSpec) -> None:
     with _lib.table_handle(spec.table_name, missing) as h:
         _state.set_table_threshold(h, cfg["access_threshold"], f"FeatureSpec('{spec.name}')")
         _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
-            h, ctypes.c_int64(cfg["eviction_threshold"])), f"FeatureSpec('{spec.name}')")
+            h, ctypes.c_int64(cfg["eviction_threshold"] or 0)), f"FeatureSpec('{spec.name}')")
     # EvictHook reads the graph's eviction settings from here.
     _state.graph_state(graph).evict_configs[spec.table_name] = dict(
         cfg, eviction_clock="step")

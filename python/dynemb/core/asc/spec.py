@@ -104,7 +104,7 @@ class FeatureSpec:
         if self.access_threshold is None and self.eviction_threshold is None:
             return None
         return {"access_threshold": self.access_threshold or 0,
-                "eviction_threshold": self.eviction_threshold or 0,
+                "eviction_threshold": self.eviction_threshold,
                 "faae_coefficient": self.faae_coefficient}
 
     def __repr__(self) -> str:
