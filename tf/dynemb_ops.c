@@ -146,6 +146,18 @@ static void *create_plain(TF_OpKernelConstruction *c) {
 static void *create_lookup(TF_OpKernelConstruction *c) {
   return create_common(c, "is_train", 0);
 }
+/* `k`, or NULL after failing the construction when `st` (freed here) says
+ * an attr could not be read. */
+static kstate *checked(TF_OpKernelConstruction *c, kstate *k, TF_Status *st) {
+  if (TF_GetCode(st) != TF_OK) {
+    TF_OpKernelConstruction_Failure(c, st);
+    delete_state(k);
+    k = NULL;
+  }
+  TF_DeleteStatus(st);
+  return k;
+}
+
 /* create_common plus more bool attrs (names[i] into *outs[i]); NULL and a
  * failed construction if one cannot be read. */
 static kstate *with_bools(TF_OpKernelConstruction *c, kstate *k,
@@ -157,13 +169,7 @@ static kstate *with_bools(TF_OpKernelConstruction *c, kstate *k,
     TF_OpKernelConstruction_GetAttrBool(c, names[i], &b, st);
     *outs[i] = b ? 1 : 0;
   }
-  if (TF_GetCode(st) != TF_OK) {
-    TF_OpKernelConstruction_Failure(c, st);
-    delete_state(k);
-    k = NULL;
-  }
-  TF_DeleteStatus(st);
-  return k;
+  return checked(c, k, st);
 }
 
 /* DynembLookup: is_train, use_tickets and found. */
@@ -187,13 +193,7 @@ static void *create_evict(TF_OpKernelConstruction *c) {
   if (!k) return NULL;
   TF_Status *st = TF_NewStatus();
   TF_OpKernelConstruction_GetAttrInt64(c, "threshold", &k->threshold, st);
-  if (TF_GetCode(st) != TF_OK) {
-    TF_OpKernelConstruction_Failure(c, st);
-    delete_state(k);
-    k = NULL;
-  }
-  TF_DeleteStatus(st);
-  return k;
+  return checked(c, k, st);
 }
 
 static void *create_import(TF_OpKernelConstruction *c) {
