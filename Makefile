@@ -314,7 +314,7 @@ $(TFRA_VENV)/.stamp:
 # outputs (zero rows, "not admitted", 0 applied) and do nothing else. The step
 # costs what it costs without the engine's work; it does not train.
 ENGINE_LEFT_OUT_CALLS := dynemb_lookup_weighted dynemb_lookup_tickets \
-                         dynemb_lookup_prepared \
+                         dynemb_lookup_prepared_found \
                          dynemb_prepare_weighted \
                          dynemb_apply dynemb_apply_filtered dynemb_apply_prepared
 ENGINE_LEFT_OUT_LIB   := build/bench/engine-left-out/_dynemb_ops.so

@@ -43,10 +43,11 @@ int __wrap_dynemb_lookup_tickets(dynemb_table *t, const int64_t *keys,
   return zero_rows(t, n, out);
 }
 
-int __wrap_dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
-                                  const dynemb_ticket *tickets, size_t n,
-                                  float *out) {
+int __wrap_dynemb_lookup_prepared_found(dynemb_table *t, const int64_t *keys,
+                                        const dynemb_ticket *tickets, size_t n,
+                                        float *out, unsigned char *found) {
   (void)keys, (void)tickets;
+  if (found) memset(found, 0, n);
   return zero_rows(t, n, out);
 }
 

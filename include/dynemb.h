@@ -359,6 +359,14 @@ DYNEMB_API int dynemb_lookup_tickets(dynemb_table *t, const int64_t *keys,
 DYNEMB_API int dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
                                       const dynemb_ticket *tickets, size_t n,
                                       float *out);
+/* dynemb_lookup_prepared that also says, in found[n] (1/0), which keys read
+ * a row: not those not admitted at prepare time, nor those whose row is
+ * gone since (evicted, cleared). */
+DYNEMB_API int dynemb_lookup_prepared_found(dynemb_table *t,
+                                            const int64_t *keys,
+                                            const dynemb_ticket *tickets,
+                                            size_t n, float *out,
+                                            unsigned char *found);
 
 /* Widens int32 keys to int64 (sign-extending), for callers with int32 ids. */
 DYNEMB_API void dynemb_widen_keys(const int32_t *in, size_t n, int64_t *out);

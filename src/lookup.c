@@ -396,7 +396,8 @@ int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
  * deadlock with a caller that holds every lock). */
 static int lookup_prepared_part(dynemb_table *t, const int64_t *keys,
                                 const dynemb_ticket *tickets, size_t n,
-                                float *out, lookup_counts *lc) {
+                                float *out, unsigned char *found,
+                                lookup_counts *lc) {
   const size_t S = t->nshards, dim = (size_t)t->dim;
   const size_t rbytes = dim * sizeof(float);
   unsigned char *mark = calloc(S, 1);
@@ -426,6 +427,7 @@ static int lookup_prepared_part(dynemb_table *t, const int64_t *keys,
     if (i < n) {
       const dynemb_ticket k = tickets[i];
       const float *r = t->default_value; /* not admitted at prepare time */
+      if (found) found[i] = k != DYNEMB_NOT_ADMITTED;
       if (k != DYNEMB_NOT_ADMITTED) {
         const uint32_t ks = TICKET_SHARD(k);
         /* (shards of admitted keys are marked, their views filled) */
@@ -458,19 +460,24 @@ static int lookup_prepared_part(dynemb_table *t, const int64_t *keys,
   if (nstale) { /* as an EVAL lookup of those keys would read them now */
     int64_t *sk = malloc(nstale * sizeof *sk);
     float *so = malloc(nstale * rbytes);
-    if (!sk || !so) {
+    dynemb_ticket *st = found ? malloc(nstale * sizeof *st) : NULL;
+    if (!sk || !so || (found && !st)) {
       rc = dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory for a prepared lookup of "
                             "%zu keys; use smaller batches",
                             t->name, n);
     } else {
       for (size_t j = 0; j < nstale; j++) sk[j] = keys[stale[j]];
-      rc = lookup_part(t, sk, nstale, 0, 0, 1, so, NULL, lc);
-      for (size_t j = 0; !rc && j < nstale; j++)
+      rc = lookup_part(t, sk, nstale, 0, 0, 1, so, st, lc);
+      for (size_t j = 0; !rc && j < nstale; j++) {
         memcpy(out + (size_t)stale[j] * dim, so + j * dim, rbytes);
+        /* (gone since its batch was prepared: evicted, cleared) */
+        if (found) found[stale[j]] = st[j] != DYNEMB_NOT_ADMITTED;
+      }
     }
     free(sk);
     free(so);
+    free(st);
   }
   free(stale);
   lc->hits += hits;
@@ -480,6 +487,12 @@ static int lookup_prepared_part(dynemb_table *t, const int64_t *keys,
 int dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
                            const dynemb_ticket *tickets, size_t n,
                            float *out) {
+  return dynemb_lookup_prepared_found(t, keys, tickets, n, out, NULL);
+}
+
+int dynemb_lookup_prepared_found(dynemb_table *t, const int64_t *keys,
+                                 const dynemb_ticket *tickets, size_t n,
+                                 float *out, unsigned char *found) {
   dynemb_error_clear();
   if (!t) return dynemb_table_null_error("dynemb_lookup_prepared");
   if (n == 0) return DYNEMB_OK;
@@ -495,7 +508,7 @@ int dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
                             "large; look up fewer than 2^32-1 keys per call",
                             t->name, n);
   lookup_counts lc = {0, 0, 0, 0};
-  int rc = lookup_prepared_part(t, keys, tickets, n, out, &lc);
+  int rc = lookup_prepared_part(t, keys, tickets, n, out, found, &lc);
   ADD(&t->n_lookups, (uint64_t)n);
   if (lc.hits) ADD(&t->n_hits, lc.hits);
   if (lc.on_ssd) ADD(&t->n_ssd_lookups, lc.on_ssd);

@@ -256,7 +256,11 @@ static int make_usable(dynemb_ssd *s, uint64_t r) {
     const int fresh = s->seg_file[seg] < 0;
     int rc;
     if (fresh) { /* segments come in order: the next one of s->cur's file */
-      if ((rc = open_file(s, s->cur))) return rc;
+      if ((rc = open_file(s, s->cur))) {
+        if (s->cur + 1 >= s->ndirs) return rc;
+        s->cur++; /* (a directory gone or read-only since: the next one) */
+        continue;
+      }
       if (s->first_seg[s->cur] == NO_SEGMENT) s->first_seg[s->cur] = seg;
       s->seg_file[seg] = s->cur;
     }
@@ -467,11 +471,22 @@ void dynemb_ssd_reset(dynemb_ssd *s) {
   s->nfree = 0;
   __atomic_store_n(&s->high, 0, RELAXED);
   s->used = 0;
-  /* only gives space back: errors change nothing. The segments stay
-   * mapped (no record is in use), each to its file, and see the files grow
-   * again later. */
+  /* only gives space back: errors change nothing. One directory: the
+   * segments stay mapped (no record is in use) and see the file grow again
+   * later. Several: they are unmapped and forget their files, so that they
+   * fill the directories in order again (another table may have taken
+   * the space this one had). */
   for (int k = 0; k < s->ndirs; k++)
     if (s->fds[k] >= 0 && ftruncate(s->fds[k], 0) == 0) s->fbytes[k] = 0;
+  if (s->ndirs > 1) {
+    for (uint64_t i = 0; i < s->nsegs; i++) {
+      if (s->segs[i]) munmap(s->segs[i], s->seg_bytes);
+      __atomic_store_n(&s->segs[i], NULL, __ATOMIC_RELEASE);
+      s->seg_file[i] = -1;
+    }
+    for (int k = 0; k < s->ndirs; k++) s->first_seg[k] = NO_SEGMENT;
+    s->cur = 0;
+  }
   s->populated = 0;
   pthread_mutex_unlock(&s->mu);
 }

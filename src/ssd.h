@@ -170,8 +170,10 @@ void dynemb_ssd_batch_begin(dynemb_ssd *s, const uint32_t *recs, size_t n,
                             dynemb_ssd_batch *b);
 void dynemb_ssd_batch_end(dynemb_ssd *s, const dynemb_ssd_batch *b);
 
-/* Frees every record and truncates the file (table clear / replace); the
- * segments stay mapped, so no record may be in use by another thread. */
+/* Frees every record and truncates the files (table clear / replace); no
+ * record may be in use by another thread. With one directory the segments
+ * stay mapped; with several they are unmapped, and fill the directories in
+ * order again. */
 void dynemb_ssd_reset(dynemb_ssd *s);
 
 /* Records in use; records ever handed out since the last reset (the

@@ -283,8 +283,9 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
       goto done;
     }
     /* int64 -1 is DYNEMB_NOT_ADMITTED (UINT64_MAX): same bits */
-    which = TF_TensorData(tickets);
-    rc = dynemb_lookup_prepared(t, keys, which, (size_t)n, TF_TensorData(out));
+    rc = dynemb_lookup_prepared_found(
+        t, keys, TF_TensorData(tickets), (size_t)n, TF_TensorData(out),
+        k->found ? (unsigned char *)TF_TensorData(has) : NULL);
   } else if (k->found) {
     if (!(own = malloc((size_t)n * sizeof *own))) {
       fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb lookup: out of memory");
@@ -303,7 +304,7 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
   }
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "lookup");
-  } else if (k->found) {
+  } else if (which) { /* (the prepared read wrote has_row itself) */
     TF_Bool *h = TF_TensorData(has);
     for (int64_t i = 0; i < n; i++) h[i] = which[i] != DYNEMB_NOT_ADMITTED;
   }

@@ -102,6 +102,15 @@ static void test_prepared_read_keeps_admission(void) {
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 2 && st.candidates == 0);
   CHECK_RC(dynemb_lookup_prepared(t, keys, NULL, 4, out), DYNEMB_EINVAL);
+  /* which occurrences read a row, also once a row went since the prepare
+   * (every row evicted: key 1's tickets are stale, it reads the default) */
+  unsigned char found[4];
+  CHECK_OK(dynemb_lookup_prepared_found(t, keys, tk, 4, out, found));
+  CHECK(!found[0] && found[1] && !found[2] && found[3]);
+  CHECK_OK(dynemb_evict_older_than(t, 5, 0, NULL));
+  CHECK_OK(dynemb_lookup_prepared_found(t, keys, tk, 4, out, found));
+  CHECK(!found[0] && !found[1] && !found[2] && !found[3]);
+  for (int d = 0; d < 3; d++) CHECK(out[3 + d] == dflt[d]);
   dynemb_table_release(t);
   dynemb_registry_clear();
 }

@@ -564,7 +564,9 @@ static void test_directories_filled_in_order(void) {
         CHECK_OK(dynemb_ssd_read(&s, (uint32_t)q, got, NULL));
         CHECK(got[0] == (float)q && got[5] == (float)q + 5.0f / 1024);
       }
-    dynemb_ssd_reset(&s); /* the segments refill the files they had */
+    dynemb_ssd_reset(&s); /* the directories fill in order again */
+    CHECK(s.cur == 0 && s.seg_file[0] == -1 && s.seg_file[1] == -1 &&
+          s.segs[1] == NULL);
     for (n = 0; n < 2 * SEG && dynemb_ssd_alloc(&s, &r) == DYNEMB_OK; n++) {
     }
     CHECK(n == 2 * SEG);
@@ -576,6 +578,24 @@ static void test_directories_filled_in_order(void) {
   setrlimit(RLIMIT_FSIZE, &old);
   for (int k = 0; k < 3; k++) rmdir(dirs[k]);
   rmdir(base);
+  /* a directory gone since the list was checked is passed over */
+  snprintf(list, sizeof list, "%s\n%s/gone\n%s", dirs[0], base, dirs[1]);
+  {
+    CHECK(mkdir(base, 0700) == 0 && mkdir(dirs[0], 0700) == 0 &&
+          mkdir(dirs[1], 0700) == 0);
+    setrlimit(RLIMIT_FSIZE, &lim);
+    dynemb_ssd s;
+    CHECK_OK(dynemb_ssd_open(&s, list, "gone", REC, 0, 2 * SEG));
+    uint32_t r = 0;
+    uint64_t n = 0;
+    while (n < 2 * SEG && dynemb_ssd_alloc(&s, &r) == DYNEMB_OK) n++;
+    CHECK(n == 2 * SEG && s.fds[1] < 0 && in_dir(s.fds[2], dirs[1]));
+    dynemb_ssd_close(&s);
+    setrlimit(RLIMIT_FSIZE, &old);
+    rmdir(dirs[0]);
+    rmdir(dirs[1]);
+    rmdir(base);
+  }
   /* an empty list is an error naming the fix */
   dynemb_ssd s2;
   CHECK(dynemb_ssd_open(&s2, "\n", "none", 16, 0, 8) == DYNEMB_EINVAL);

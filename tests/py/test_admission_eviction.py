@@ -242,11 +242,11 @@ def _restore_run(ckpt_dir, steps, batches):
 
 
 def test_eviction_after_restore_uses_last_access_from_the_checkpoint(tmp_path):
-    # id 2 is last seen at step 1, so it goes at the evict after step 5
-    # (global step 6 > 1 + 4), whether or not the run was restored in between.
+    # id 2 is last seen at step 1, so it goes at the evict after step 6 (the
+    # step that ran: 6 > 1 + 4), whether or not the run was restored between.
     batches = [[1, 2], [2, 1]] + [[1]] * 6
     straight = _restore_run(None, 8, batches)
-    assert straight[4] == [1, 2] and straight[5] == [1]
+    assert straight[5] == [1, 2] and straight[6] == [1]
     dynemb.clear_tables()
     first = _restore_run(str(tmp_path), 3, batches)          # saves at step 3 on close
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("-3")
@@ -356,3 +356,14 @@ def test_features_of_one_table_weigh_their_sightings_each_by_its_coefficient(mod
         for feed in feeds:
             s.run(outs, feed)
     assert _keys(t.table_name) == want
+
+
+def test_eviction_threshold_zero_by_global_step_keeps_the_last_steps_rows():
+    # The step clock: a row survives eviction_threshold steps that do not see
+    # it; with 0, an eviction after each step keeps only that step's rows.
+    t, ids, _, train = _gs_model({"eviction_threshold": 0})
+    hook = dynemb.EvictHook(evict_enable=True, evict_step_interval=1, evict_time_interval=None)
+    with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as s:
+        for batch in ([1, 2], [2, 3], [3], [4, 1]):
+            s.run(train, {ids: batch})
+            assert _keys("ev") == sorted(set(batch)), batch

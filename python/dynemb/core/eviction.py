@@ -5,7 +5,10 @@ seconds, removes the rows (and admission candidates) of every table trained in
 the graph whose last access is older than its eviction_threshold, in the
 table's own clock:
 
-* global steps (the default): ``now`` is the global step after the step;
+* global steps (the default): ``now`` is the step that just ran (the global
+  step after it, less one: what its lookups stamped), so a row survives
+  ``eviction_threshold`` steps that do not see it, and 0 keeps only the last
+  step's rows;
 * wall seconds (``access_and_evict_config={"eviction_clock": "wall"}``): ``now``
   is the hook's clock;
 * data time (a timestamp tensor in the ``ASCEND_TIMESTAMP`` collection, or a
@@ -83,7 +86,8 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
                             "EvictHook: table '%s' evicts by global step but the graph has no "
                             "global step; create one with "
                             "tf.compat.v1.train.get_or_create_global_step()" % name)
-                    now = tf.cast(self._global_step, tf.int64)
+                    # (lookups stamp the step before apply_gradients counts it)
+                    now = tf.maximum(tf.cast(self._global_step, tf.int64) - 1, 0)
                 out = table.evict_op(now, cfg["eviction_threshold"])
             self._evicted.append(out)
             ops.append(out.op)

@@ -294,7 +294,6 @@ def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next:
     tickets, keys = ext.extras[:len(train)], ext.extras[len(train):]
     for lk, tk in zip(train, tickets):
         rewrite.rewrite_lookup(lk.op, tk, lk.table_name, lk.table.dim)
-        rewrite.switch_found(lk.record, tk)
         tickets_of[lk.op.name] = tk
     for t, k in zip(key_tables, keys):
         trainable.setdefault(t, []).append(k)

@@ -37,7 +37,6 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from dynemb import _lib, _state
-from dynemb.graph.pipeline import replace_uses
 from dynemb.graph.trace import replay, walk, Trace
 from dynemb.util.log import logger
 
@@ -87,19 +86,6 @@ def prepare(table_name: str, ids: tf.Tensor, now: tf.Tensor, weight: int = 1) ->
                                   faae_coefficient=int(weight))
     out.set_shape(ids.shape)
     return out
-
-
-def switch_found(record: dict, tickets: tf.Tensor) -> None:
-    """A train lookup with its own serving_default_value reads which of its
-    ids have a row from an eval-mode prepare after it (dynemb.core.lookup);
-    in the prepared modes that is the batch's admission, which its rows
-    follow: what the tickets say."""
-    found = record.get("found")
-    if found is None or not record["is_train"]:
-        return
-    with found.graph.as_default(), found.graph.name_scope(None):
-        admitted = tf.reshape(admitted_of(tickets), [-1], name="dynemb_admitted")
-    replace_uses(found, admitted)
 
 
 def admitted_of(tickets: tf.Tensor) -> tf.Tensor:

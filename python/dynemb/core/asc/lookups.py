@@ -86,6 +86,16 @@ def _set_thresholds(graph: tf.Graph, spec: FeatureSpec) -> None:
     cfg = spec.access_and_evict_config
     if cfg is None:
         return
+    prev = _state.graph_state(graph).evict_configs.get(spec.table_name)
+    keys = ("access_threshold", "eviction_threshold")
+    if prev is not None and any(prev.get(k) != cfg[k] for k in keys):
+        raise ValueError(
+            f"FeatureSpec('{spec.name}'): access_threshold={cfg['access_threshold']}, "
+            f"eviction_threshold={cfg['eviction_threshold']}, but another FeatureSpec of "
+            f"table '{spec.table_name}' has access_threshold={prev.get('access_threshold')}, "
+            f"eviction_threshold={prev.get('eviction_threshold')}; a table has one admission "
+            f"and eviction setting: give its FeatureSpecs the same thresholds (each may "
+            f"weigh its sightings by its own faae_coefficient)")
     missing = ValueError(f"FeatureSpec('{spec.name}'): table '{spec.table_name}' is not "
                          f"registered; create it with create_table() first")
     with _lib.table_handle(spec.table_name, missing) as h:
@@ -185,7 +195,6 @@ def start_asc_pipeline() -> None:
         rewrite.drop_guard(e.ids.op)
         if r["is_train"]:
             rewrite.rewrite_lookup(r["op"], e.tickets, e.spec.table_name, r["table"].dim)
-            rewrite.switch_found(r, e.tickets)
             train.setdefault(e.spec.table_name, []).append((r["op"], e))
         st.done.add(r["op"].name)
     # The apply op reads admission tickets when it takes exactly these lookups'

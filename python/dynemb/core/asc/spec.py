@@ -73,7 +73,8 @@ class FeatureSpec:
         self.is_timestamp = bool(is_timestamp)
         if table_name is None and not self.is_timestamp:
             table_name = name  # (mxRec: the table of the feature's name)
-        if self.is_timestamp and (access_threshold or eviction_threshold):
+        if self.is_timestamp and any(v not in (None, -1) for v in (access_threshold,
+                                                                   eviction_threshold)):
             raise ValueError(f"FeatureSpec('{name}'): a timestamp feature has no table, so "
                              f"no access_threshold / eviction_threshold")
         self.table_name = table_name
