@@ -275,8 +275,8 @@ probe-limit: build/probe_limit
 	./build/probe_limit 2
 
 # The engine's part of a training step of bench/tf_train.py, per phase (C only).
-build/step_costs: bench/step_costs.c build/libdynemb.a
-	$(CC) $(BASEFLAGS) $(CFLAGS) $< build/libdynemb.a -o $@ $(LDLIBS)
+build/step_costs: bench/step_costs.c tf/route.c tf/route.h build/libdynemb.a
+	$(CC) $(BASEFLAGS) $(CFLAGS) -Itf $< tf/route.c build/libdynemb.a -o $@ $(LDLIBS)
 
 bench-step: build/step_costs install-py
 	$(VPY) bench/tf_op_costs.py --dump-ids build/step_ids.bin

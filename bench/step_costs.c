@@ -14,7 +14,10 @@
  * harness writes POLLUTE_MB MiB (default 4) of other memory, as the
  * model's layers do between a step's lookups and its applies, so that
  * the phases do not find each other's lines in cache more than they would
- * in training (0 turns it off). One JSON line on stdout.
+ * in training (0 turns it off). One JSON line on stdout. It also times,
+ * apart from the three, the route of every batch's ids to 2 owners
+ * (`route_2_owners`: deduplication and grouping by owner, what a lookup and
+ * an apply on several ranks do before their exchanges: tf/route.c).
  * Exists to iterate on the engine's step path quickly; the TF-level
  * figures are bench/tf_op_costs.py's. */
 #include <stdio.h>
@@ -23,6 +26,7 @@
 #include <time.h>
 
 #include "dynemb.h"
+#include "route.h"
 
 static double cpu_ns(void) {
   struct timespec ts;
@@ -53,7 +57,7 @@ static dynemb_ticket **tickets;
 static float **out, **grad;
 static dynemb_table **t;
 
-enum { PREPARE, LOOKUP, APPLY };
+enum { PREPARE, LOOKUP, APPLY, ROUTE };
 
 /* One phase of batch b on every table. */
 static void phase(int k, int b) {
@@ -68,6 +72,11 @@ static void phase(int k, int b) {
     if (k == APPLY &&
         dynemb_apply_prepared(t[i], keys, h, n[i], grad[i], -1.0f, NULL))
       die("apply");
+    if (k == ROUTE) {
+      dynemb_route rt;
+      if (dynemb_route_build(&rt, keys, (size_t)n[i], 2)) die("route");
+      dynemb_route_free(&rt);
+    }
   }
 }
 
@@ -136,28 +145,28 @@ int main(int argc, char **argv) {
   fclose(f);
   for (int pass = 0; pass < 2; pass++) /* every id admitted */
     for (int b = 0; b < nb; b++) phase(PREPARE, b);
-  double *ph[3];
-  for (int k = 0; k < 3; k++) ph[k] = calloc(rounds, sizeof(double));
+  double *ph[4];
+  for (int k = 0; k < 4; k++) ph[k] = calloc(rounds, sizeof(double));
   for (int r = 0; r < rounds; r++) {
-    double acc[3] = {0, 0, 0};
+    double acc[4] = {0, 0, 0, 0};
     for (int b = 0; b < nb; b++)
-      for (int k = PREPARE; k <= APPLY; k++) {
+      for (int k = PREPARE; k <= ROUTE; k++) {
         const double t0 = cpu_ns();
         phase(k, b);
         acc[k] += cpu_ns() - t0;
         pollute(junk, pollute_bytes); /* untimed */
       }
-    for (int k = 0; k < 3; k++) ph[k][r] = acc[k] / ((double)nb * per_batch);
+    for (int k = 0; k < 4; k++) ph[k][r] = acc[k] / ((double)nb * per_batch);
   }
-  for (int k = 0; k < 3; k++) qsort(ph[k], rounds, sizeof(double), cmp_d);
+  for (int k = 0; k < 4; k++) qsort(ph[k], rounds, sizeof(double), cmp_d);
   const double p = ph[0][rounds / 2], l = ph[1][rounds / 2],
-               a = ph[2][rounds / 2];
+               a = ph[2][rounds / 2], rt = ph[3][rounds / 2];
   printf("{\"benchmark\": \"step_costs\", \"unit\": \"CPU ns per id\", "
          "\"ids_per_batch\": %zu, \"tables\": %d, \"batches\": %d, "
          "\"prepare\": %.2f, \"lookup_prepared\": %.2f, "
          "\"apply_prepared\": %.2f, \"ms_per_batch\": %.3f, "
-         "\"pollute_mb\": %zu}\n",
-         per_batch, nt, nb, p, l, a, (p + l + a) * per_batch / 1e6,
+         "\"route_2_owners\": %.2f, \"pollute_mb\": %zu}\n",
+         per_batch, nt, nb, p, l, a, (p + l + a) * per_batch / 1e6, rt,
          pollute_bytes >> 20);
   return 0;
 }

@@ -69,7 +69,8 @@ def test_step_costs_reads_dumped_ids(tmp_path):
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout.strip().splitlines()[-1])
     assert j["ids_per_batch"] == 52 * 64 and j["tables"] == 27 and j["batches"] == 2
-    assert all(j[k] > 0 for k in ("prepare", "lookup_prepared", "apply_prepared"))
+    assert all(j[k] > 0 for k in ("prepare", "lookup_prepared", "apply_prepared",
+                                  "route_2_owners"))
 
 
 # Three steps of one table's sparse training, on the op library that
