@@ -349,11 +349,11 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
   if (!k->is_train) { /* and which keys have no row: all their occurrences */
     dynemb_ticket *tk = malloc((total ? total : 1) * sizeof *tk);
     rc = tk ? DYNEMB_OK : DYNEMB_ENOMEM;
-    if (!rc && total)
-      rc = dynemb_prepare(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, tk);
+    if (!rc && total) /* (rows and which keys have one: one pass) */
+      rc = dynemb_lookup_tickets(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, 1,
+                                 rows, tk);
     for (size_t g = 0; !rc && g < total; g++)
       defaults[g] = tk[g] == DYNEMB_NOT_ADMITTED ? UINT32_MAX : 0;
-    if (!rc && total) rc = dynemb_lookup_prepared(t, ukeys, tk, total, rows);
     free(tk);
     free(ukeys);
     return rc;
