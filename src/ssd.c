@@ -114,10 +114,16 @@ static int split_dirs(dynemb_ssd *s) {
 }
 
 /* Directory k's file (made now if it has none yet). Caller holds s->mu
- * or owns the store. EIO with a message. */
-static int open_file(dynemb_ssd *s, int k) {
+ * or owns the store. EIO with a message; *gone (may be NULL) says whether
+ * the directory is missing, not one or read-only (not a passing error). */
+static int open_file(dynemb_ssd *s, int k, int *gone) {
+  if (gone) *gone = 0;
   if (s->fds[k] >= 0) return DYNEMB_OK;
   int fd = anon_file(s->dirs[k]);
+  const int e = errno;
+  if (fd < 0 && gone)
+    *gone = e == ENOENT || e == ENOTDIR || e == EACCES || e == EROFS;
+  errno = e;
   if (fd < 0)
     return dynemb_error_set(DYNEMB_EIO,
                             "table '%s': cannot create the SSD tier's file in "
@@ -179,7 +185,7 @@ int dynemb_ssd_open(dynemb_ssd *s, const char *dir, const char *table,
     s->fds[k] = -1;
     s->first_seg[k] = NO_SEGMENT;
   }
-  int rc = open_file(s, 0);
+  int rc = open_file(s, 0, NULL);
   if (rc) {
     free_store(s);
     return rc;
@@ -256,9 +262,11 @@ static int make_usable(dynemb_ssd *s, uint64_t r) {
     const int fresh = s->seg_file[seg] < 0;
     int rc;
     if (fresh) { /* segments come in order: the next one of s->cur's file */
-      if ((rc = open_file(s, s->cur))) {
-        if (s->cur + 1 >= s->ndirs) return rc;
+      int gone = 0;
+      if ((rc = open_file(s, s->cur, &gone))) {
+        if (!gone || s->cur + 1 >= s->ndirs) return rc;
         s->cur++; /* (a directory gone or read-only since: the next one) */
+        dynemb_error_clear();
         continue;
       }
       if (s->first_seg[s->cur] == NO_SEGMENT) s->first_seg[s->cur] = seg;

@@ -387,7 +387,18 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
       pick[g] = m < c ? tickets[e + m] : DYNEMB_NOT_ADMITTED;
       e += c;
     }
-  if (!rc && total) rc = dynemb_lookup_prepared(t, ukeys, pick, total, rows);
+  /* (a row gone since the prepare, evicted or cleared meanwhile, reads the
+   * default for every occurrence: said so) */
+  unsigned char *has = found && total ? malloc(total) : NULL;
+  if (!rc && found && total && !has) rc = DYNEMB_ENOMEM;
+  if (!rc && total)
+    rc = dynemb_lookup_prepared_found(t, ukeys, pick, total, rows, has);
+  for (int r = 0; !rc && has && r < n; r++)
+    for (int64_t j = 0; j < a[r].u; j++) {
+      size_t g = a[r].first + (size_t)j;
+      if (!has[g]) defaults[g] = count_of(&a[r], (size_t)j);
+    }
+  free(has);
   free(each);
   free(tickets);
   free(pick);

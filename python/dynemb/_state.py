@@ -124,6 +124,7 @@ class FeatureSpecLookup:
     ids: tf.Tensor       # the guarded ids tensor given to sparse_lookup
     tickets: Optional[tf.Tensor]  # admission tickets (training pipelines) or None
     training: bool       # the insert function was made with is_training=True
+    stamp: Optional[tf.Tensor] = None  # the clock its batch was prepared with
 
 
 @dataclass

@@ -367,3 +367,35 @@ def test_eviction_threshold_zero_by_global_step_keeps_the_last_steps_rows():
         for batch in ([1, 2], [2, 3], [3], [4, 1]):
             s.run(train, {ids: batch})
             assert _keys("ev") == sorted(set(batch)), batch
+
+
+@pytest.mark.parametrize("threshold", [0, 1])
+def test_step_clock_eviction_counts_from_the_batches_the_pipeline_prepared(threshold):
+    # Graph modification prepares batches ahead, stamping their rows with the
+    # step it reads then; eviction counts from the latest batch a step
+    # trained, so the rows a step trains are never evicted before or right
+    # after it (before, a threshold of 0 or 1 evicted them), and old ones go.
+    from dynemb.graph.modifier import modify_graph_and_start_emb_cache
+    steps = 6
+    data = np.array([[10 * k, 10 * k + 1] for k in range(steps)], np.int64)
+    opt = gradient_descent.create_hash_optimizer(learning_rate=0.1)
+    t = dynemb.create_table(tf.int64, 2, "lag", tf.compat.v1.constant_initializer(0.5),
+                            optimizer_list=[opt])
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    batch = tf.compat.v1.data.make_one_shot_iterator(
+        tf.data.Dataset.from_tensor_slices(data).batch(1)).get_next()
+    e = dynemb.sparse_lookup(t, batch, modify_graph=True,
+                             access_and_evict_config={"eviction_threshold": threshold})
+    _, sparse = dynemb.get_dense_and_sparse_variable()
+    train = opt.apply_gradients(zip(tf.gradients(tf.reduce_sum(e), sparse), sparse),
+                                global_step=gs)
+    modify_graph_and_start_emb_cache(prefetch=2)
+    hook = dynemb.EvictHook(evict_enable=True, evict_step_interval=1, evict_time_interval=None)
+    with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as s:
+        for k in range(steps):
+            rows, _ = s.run([e, train])
+            np.testing.assert_array_equal(rows.reshape(-1, 2), 0.5, err_msg=str(k))
+            keys = set(_keys("lag"))
+            assert {10 * k, 10 * k + 1} <= keys, (k, keys)       # trained, kept
+    assert not {0, 1} & set(_keys("lag"))                       # idle long enough: gone
+    assert t.stats()["evicted"] > 0

@@ -6,9 +6,10 @@ the graph whose last access is older than its eviction_threshold, in the
 table's own clock:
 
 * global steps (the default): ``now`` is the step that just ran (the global
-  step after it, less one: what its lookups stamped), so a row survives
-  ``eviction_threshold`` steps that do not see it, and 0 keeps only the last
-  step's rows;
+  step after it, less one: what its lookups stamped; with graph modification
+  or FeatureSpec input, the latest step its batches were prepared at), so a
+  row survives ``eviction_threshold`` steps that do not see it, and 0 keeps
+  only the last step's rows (and those of batches prepared since);
 * wall seconds (``access_and_evict_config={"eviction_clock": "wall"}``): ``now``
   is the hook's clock;
 * data time (a timestamp tensor in the ``ASCEND_TIMESTAMP`` collection, or a
@@ -86,8 +87,18 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
                             "EvictHook: table '%s' evicts by global step but the graph has no "
                             "global step; create one with "
                             "tf.compat.v1.train.get_or_create_global_step()" % name)
-                    # (lookups stamp the step before apply_gradients counts it)
-                    now = tf.maximum(tf.cast(self._global_step, tf.int64) - 1, 0)
+                    op = trained[name]["op"]
+                    if _prepared(op):  # rows stamped in the pipeline, ahead
+                        now = _latest_data_time(op, name)
+                    else:  # (stamped with the step before apply_gradients counts it)
+                        if trained[name].get("modify_graph"):
+                            logger.warning(
+                                "EvictHook: table '%s' has modify_graph=True lookups that "
+                                "are not rewritten yet; put GraphModifierHook before "
+                                "EvictHook in the hooks, or eviction counts from the "
+                                "step instead of the batches the pipeline prepared "
+                                "ahead" % name)
+                        now = tf.maximum(tf.cast(self._global_step, tf.int64) - 1, 0)
                 out = table.evict_op(now, cfg["eviction_threshold"])
             self._evicted.append(out)
             ops.append(out.op)
@@ -139,6 +150,16 @@ class EvictHook(tf.compat.v1.train.SessionRunHook):
         self.evicted_total += n
         logger.debug("EvictHook: %d rows evicted", n)
         return n
+
+
+def _prepared(lookup_op: tf.Operation) -> bool:
+    """Whether a lookup reads its rows through a pipeline's tickets (graph
+    modification, FeatureSpec mode): its `now` is then the clock its batch
+    was prepared with."""
+    try:
+        return bool(lookup_op.get_attr("use_tickets"))
+    except ValueError:
+        return False
 
 
 def _latest_data_time(lookup_op: tf.Operation, table_name: str) -> tf.Tensor:

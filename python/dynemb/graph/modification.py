@@ -284,16 +284,19 @@ def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next:
                 per_table_adm[lk.table_name].append(rewrite.admitted_of(tk))
         keys = [rewrite.trainable_keys(per_table_ids[t], per_table_adm[t])
                 for t in key_tables]
-        return tickets + keys
+        stamps = [tf.cast(nows[lk.table_name], tf.int64) for lk in train]
+        return tickets + keys + stamps
 
     try:
         ext = extend_iterator(get_next, extra_fn, prefetch=prefetch,
                               name="dynemb_pipeline_" + get_next.name.replace("/", "_"))
     except PipelineError as e:
         raise GraphModificationError(str(e)) from None
-    tickets, keys = ext.extras[:len(train)], ext.extras[len(train):]
-    for lk, tk in zip(train, tickets):
-        rewrite.rewrite_lookup(lk.op, tk, lk.table_name, lk.table.dim)
+    n_keys = len(key_tables)
+    tickets, keys = ext.extras[:len(train)], ext.extras[len(train):len(train) + n_keys]
+    stamps = ext.extras[len(train) + n_keys:]
+    for lk, tk, stamp in zip(train, tickets, stamps):
+        rewrite.rewrite_lookup(lk.op, tk, lk.table_name, lk.table.dim, stamp=stamp)
         tickets_of[lk.op.name] = tk
     for t, k in zip(key_tables, keys):
         trainable.setdefault(t, []).append(k)

@@ -222,13 +222,16 @@ def drop_guard(op: tf.Operation) -> None:
 
 
 def rewrite_lookup(lookup_op: tf.Operation, tickets: tf.Tensor, table_name: str,
-                   dim: int) -> tf.Tensor:
+                   dim: int, stamp: Optional[tf.Tensor] = None) -> tf.Tensor:
     """Makes a DynembLookup read-only and read its rows through `tickets` (the
     admission tickets of its ids, any shape): ids not admitted as of the
     lookup's own batch read the table's default value, even if a later batch,
     prepared ahead, admitted them since (dynemb_lookup_prepared). The lookup's
     gradient still reaches the table; the apply op trains what a plain step
-    would train. Returns the lookup's output."""
+    would train. `stamp`: the clock value the batch was prepared with (its
+    rows' last access), which becomes the lookup's `now` (the prepared read
+    does not use it; EvictHook counts from the latest one the step read).
+    Returns the lookup's output."""
     del dim  # the engine knows the table's width and default value
     if lookup_op.type != "DynembLookup":
         raise GraphModificationError(f"'{lookup_op.name}' is a {lookup_op.type} op, not a "
@@ -239,6 +242,8 @@ def rewrite_lookup(lookup_op: tf.Operation, tickets: tf.Tensor, table_name: str,
             tf.name_scope(lookup_op.name + "_tickets"):
         flat = tf.reshape(tickets, [-1])
     set_input(lookup_op, "tickets", flat)
+    if stamp is not None:
+        set_input(lookup_op, "now", tf.cast(stamp, tf.int64))
     lookup_op._set_attr("is_train", attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
     lookup_op._set_attr("use_tickets", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
     return lookup_op.outputs[0]

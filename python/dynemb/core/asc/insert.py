@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from dynemb import _state
-from dynemb.core.asc.spec import FeatureSpec, admitted_key, tickets_key
+from dynemb.core.asc.spec import FeatureSpec, admitted_key, stamp_key, tickets_key
 from dynemb.graph import rewrite
 from dynemb.graph.modification import dump_dir
 from dynemb.util.log import logger
@@ -209,6 +209,7 @@ def get_asc_insert_func(tgt_key_specs: Union[FeatureSpec, Sequence[FeatureSpec],
             previous[s.table_name] = tickets
             features[admitted_key(s.name)] = rewrite.admitted_of(tickets)
             features[tickets_key(s.name)] = tickets  # the step's lookup and apply use them
+            features[stamp_key(s.name)] = tf.cast(now, tf.int64)  # (EvictHook's clock)
         if dump_graph:
             graph = tf.compat.v1.get_default_graph()
             path = tf.io.write_graph(graph.as_graph_def(), dump_dir(dump_graph),

@@ -24,7 +24,8 @@ import tensorflow as tf
 
 from dynemb import _lib, _state
 from dynemb.constants.constants import ASCEND_TIMESTAMP
-from dynemb.core.asc.spec import RESERVED_PREFIX, FeatureSpec, admitted_key, tickets_key
+from dynemb.core.asc.spec import (RESERVED_PREFIX, FeatureSpec, admitted_key, stamp_key,
+                                  tickets_key)
 from dynemb.core.tables import op_name
 from dynemb.graph import rewrite
 from dynemb.graph.rewrite import GraphModificationError
@@ -116,6 +117,7 @@ def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any)
             f"sparse_lookup('{spec.table_name}', FeatureSpec('{spec.name}')): the batch "
             f"belongs to another graph than the default graph")
     tickets = features.get(tickets_key(spec.name))
+    stamp = features.get(stamp_key(spec.name))
     _set_thresholds(graph, spec)
     ts_key = getattr(spec, "timestamp_key", None)
     if ts_key is not None and ts_key in features:
@@ -133,7 +135,8 @@ def register_lookup_ids(spec: FeatureSpec, features: Dict[str, Any], table: Any)
     _state.feature_spec_state(graph).by_ids[ids.name] = _state.FeatureSpecLookup(
         spec=spec, ids=ids,
         tickets=None if tickets is None else tf.convert_to_tensor(tickets),
-        training=tickets is not None)
+        training=tickets is not None,
+        stamp=None if stamp is None else tf.convert_to_tensor(stamp))
     return ids
 
 
@@ -194,7 +197,8 @@ def start_asc_pipeline() -> None:
     for r, e in found:
         rewrite.drop_guard(e.ids.op)
         if r["is_train"]:
-            rewrite.rewrite_lookup(r["op"], e.tickets, e.spec.table_name, r["table"].dim)
+            rewrite.rewrite_lookup(r["op"], e.tickets, e.spec.table_name, r["table"].dim,
+                                   stamp=e.stamp)
             train.setdefault(e.spec.table_name, []).append((r["op"], e))
         st.done.add(r["op"].name)
     # The apply op reads admission tickets when it takes exactly these lookups'

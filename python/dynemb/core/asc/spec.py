@@ -25,6 +25,12 @@ def admitted_key(spec_name: str) -> str:
     return f"{RESERVED_PREFIX}/{spec_name}/admitted"
 
 
+def stamp_key(spec_name: str) -> str:
+    """The clock value (int64 scalar) the spec's batch was prepared with:
+    the rows' last access, which eviction counts from."""
+    return f"{RESERVED_PREFIX}/{spec_name}/stamp"
+
+
 def tickets_key(spec_name: str) -> str:
     """Admission tickets of the spec's ids (int64, -1 = not admitted), training
     pipelines only."""
@@ -73,8 +79,8 @@ class FeatureSpec:
         self.is_timestamp = bool(is_timestamp)
         if table_name is None and not self.is_timestamp:
             table_name = name  # (mxRec: the table of the feature's name)
-        if self.is_timestamp and any(v not in (None, -1) for v in (access_threshold,
-                                                                   eviction_threshold)):
+        if self.is_timestamp and (access_threshold not in (None, -1, 0) or
+                                  eviction_threshold not in (None, -1)):
             raise ValueError(f"FeatureSpec('{name}'): a timestamp feature has no table, so "
                              f"no access_threshold / eviction_threshold")
         self.table_name = table_name
