@@ -105,15 +105,10 @@ def upload(local: str, remote: str) -> None:
 def writable(remote: str) -> Iterator[str]:
     """A local directory holding what `remote` holds, copied up to `remote`
     when the block succeeds (nothing is copied if it raises)."""
-    stage = _staging()
-    try:
-        local = os.path.join(stage, "ckpt")
-        if not download(remote, local):
-            os.makedirs(local)
+    with readable(remote) as local:
+        os.makedirs(local, exist_ok=True)
         yield local
         upload(local, remote)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -54,14 +54,9 @@ LOOKUP_TYPES = ("DynembLookup", "DynembShardedLookup")
 
 
 def _replaced_kind(node: Any) -> Optional[str]:
-    """"rows" for a lookup; "tickets" for an eval-mode DynembPrepare (which
-    ids have a row: a lookup's own serving_default_value reads it); None
-    for other nodes."""
-    if node.op in LOOKUP_TYPES:
-        return "rows"
-    if node.op == "DynembPrepare" and "is_train" in node.attr and not node.attr["is_train"].b:
-        return "tickets"
-    return None
+    """"rows" for a lookup (with attr `found`, its has_row too: a lookup's
+    own serving_default_value reads it); None for other nodes."""
+    return "rows" if node.op in LOOKUP_TYPES else None
 SCOPE = "dynemb_serving"
 ASSETS = "assets"
 # Meta graph collections of VariableDefs: their nodes must survive pruning,
@@ -246,11 +241,8 @@ def _replacement(scope: str, tables: dict, lookups: list) -> tuple:
                     flat = tf.cast(flat, tf.int64)
                 at = index.lookup(flat) if index is not None else \
                     tf.fill(tf.shape(flat), tf.constant(rows, tf.int64))
-                if _replaced_kind(node) == "tickets":  # -1: no row (the prepare's tickets)
-                    out = tf.reshape(tf.where(at < rows, at, -tf.ones_like(at)),
-                                     tf.shape(ids), name="tickets")
-                elif "found" in node.attr and node.attr["found"].b:
-                    # a sharded lookup's second output: which ids have a row
+                if "found" in node.attr and node.attr["found"].b:
+                    # the lookup's second output: which ids have a row
                     out = tf.identity_n([tf.gather(var, at), at < rows],
                                         name="embeddings")[0]
                 else:
