@@ -687,10 +687,11 @@ static void set_access_threshold_compute(void *p, TF_OpKernelContext *ctx) {
   if (!(tt = input(ctx, "threshold"))) goto done;
   if (scalar_i64(ctx, tt, "set_access_threshold", "threshold", &threshold))
     goto done;
-  if (threshold < 0 || threshold > (int64_t)UINT32_MAX) {
+  /* (mxRec's int32 range: admission counts saturate at its top) */
+  if (threshold < 0 || threshold > (int64_t)INT32_MAX) {
     fail(ctx, TF_INVALID_ARGUMENT,
          "dynemb set_access_threshold: table '%s': threshold = %lld is out "
-         "of range; give a number of sightings from 0 to 4294967295",
+         "of range; give a number of sightings from 0 to 2147483647",
          k->table_name, (long long)threshold);
     goto done;
   }

@@ -37,7 +37,7 @@ import tensorflow as tf
 from dynemb import _lib
 from dynemb.constants.constants import (ASCEND_GLOBAL_HASHTABLE_COLLECTION,
                                        DYNEMB_SPARSE_VARIABLES, EVAL_CHANNEL_ID,
-                                       TRAIN_CHANNEL_ID)
+                                       MAX_ACCESS_THRESHOLD, TRAIN_CHANNEL_ID)
 from dynemb.util.log import logger
 
 # --------------------------------------------------------------------------
@@ -221,6 +221,10 @@ def set_access_threshold(threshold: int, emb_name: Optional[str] = None,
                              "table %r, not %r" % (emb_name, ids_name, ids_name, table,
                                                   emb_name))
         emb_name = table
+    value = None if isinstance(threshold, bool) else getattr(threshold, "__index__", None)
+    if value is None or not 0 <= value() <= MAX_ACCESS_THRESHOLD:
+        raise ValueError("set_threshold: threshold must be an int in [0, 2^31-1] (0 stops "
+                         "the counting), got %r" % (threshold,))
     names = [emb_name] if emb_name else sorted(HANDLES)
     for n in names:
         with _lib.table_handle(n, ValueError("set_threshold: no table named '%s'" % n)) as h:

@@ -284,3 +284,35 @@ def test_args_index_list_form_trains_as_the_lookups_alone(modify):
         assert sorted(got) == sorted(want)
         for k in want:
             np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_specs_of_one_table_may_differ_in_faae_coefficient_only(explicit):
+    # mxRec: each FeatureSpec weighs its own sightings; two specs of one table
+    # with one threshold pair but coefficients 1 and 3, the batch carrying a
+    # timestamp, and (explicit) the thresholds also given to sparse_lookup as
+    # mxRec scripts do. The reference: a key is admitted when the weights of
+    # its occurrences reach access_threshold = 3.
+    t = _table("t")
+    data = {"a": np.array([[1, 2]], np.int64), "b": np.array([[2, 3]], np.int64),
+            "ts": np.array([100], np.int64)}
+    specs = [FeatureSpec("a", table_name="t", access_threshold=3, eviction_threshold=50),
+             FeatureSpec("b", table_name="t", access_threshold=3, eviction_threshold=50,
+                         faae_coefficient=3),
+             FeatureSpec("ts", is_timestamp=True)]
+    ds = tf.data.Dataset.from_tensor_slices(data).batch(1)
+    it = tf.compat.v1.data.make_initializable_iterator(
+        ds.map(get_asc_insert_func(tgt_key_specs=specs, is_training=True)))
+    b = it.get_next()
+    # (the thresholds only: each spec's own coefficient still weighs its ids)
+    kw = [dict(access_and_evict_config={"access_threshold": 3, "eviction_threshold": 50})
+          if explicit else {} for s in specs[:2]]
+    embs = [fs_lookup(t, s, b, **k) for s, k in zip(specs[:2], kw)]
+    loss = tf.add_n([tf.reduce_sum(e) for e in embs])
+    train = gradient_descent.create_hash_optimizer(learning_rate=0.1).minimize(loss)
+    start_asc_pipeline()
+    with tf.compat.v1.Session() as s:
+        s.run(it.initializer)
+        s.run(train)
+    # 1: weight 1 < 3; 2: 1 + 3; 3: 3. Admitted rows trained once.
+    assert sorted(_rows("t")) == [2, 3]

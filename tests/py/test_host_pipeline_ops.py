@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import dynemb
+from dynemb.core import embedding
 from dynemb.constants.constants import ASCEND_TIMESTAMP
 from dynemb.graph import GraphModificationError
 from dynemb.graph.modifier import modify_graph_and_start_emb_cache
@@ -406,3 +407,27 @@ def test_target_batch_keeps_its_keys_when_the_script_changes_the_dict():
         s.run(ConfigInitializer.get_instance().train_params_config.get_initializer(True))
         got = s.run(target)
     assert got["user"].tolist() == [100, 101] and got["item"].tolist() == [0, 1]
+
+
+def test_access_threshold_above_int32_is_refused_everywhere():
+    # Admission counts stop at 2^31-1 (mxRec's int32 range): a threshold above
+    # would never admit a key, so every way to set one refuses it, naming the
+    # argument and the range; 2^31-1 itself is taken.
+    t = _table("wide", gradient_descent.create_hash_optimizer(learning_rate=1.0))
+    ids = tf.constant([1], tf.int64)
+    big, top = 2**31, 2**31 - 1
+    with pytest.raises(ValueError, match=r"access_threshold'\] must be an int in \[0, 2\^31-1\]"):
+        dynemb.sparse_lookup(t, ids, access_and_evict_config={"access_threshold": big})
+    dynemb.sparse_lookup(t, ids, access_and_evict_config={"access_threshold": top})
+    with pytest.raises(ValueError, match=r"access_threshold must be an int in \[0, 2\^31-1\]"):
+        dynemb.FeatureSpec("wide_f", table_name="wide", access_threshold=big)
+    with pytest.raises(ValueError, match=r"from 1 to 2147483647"):
+        import_host_pipeline_ops().set_threshold(big, emb_name="wide")
+    with pytest.raises(ValueError, match=r"threshold must be an int in \[0, 2\^31-1\]"):
+        embedding.set_access_threshold(big, emb_name="wide")
+    fed = tf.compat.v1.placeholder(tf.int64, [])
+    op = import_host_pipeline_ops().set_threshold(fed, emb_name="wide")
+    with tf.compat.v1.Session() as s:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="from 0 to 2147483647"):
+            s.run(op, {fed: big})
+        s.run(op, {fed: top})

@@ -28,6 +28,10 @@ ASCEND_GLOBAL_HASHTABLE_COLLECTION = "ASCEND_GLOBAL_HASHTABLE_COLLECTION"
 # get_training_mode_channel_id, clear_channel and eos_map take).
 TRAIN_CHANNEL_ID, EVAL_CHANNEL_ID = 0, 1
 
+# The largest access_threshold (mxRec's int32 range): admission counts
+# saturate there, so a higher threshold would never admit a key.
+MAX_ACCESS_THRESHOLD = 2 ** 31 - 1
+
 LIBASC_OPS_SO = "libasc_ops.so"
 LIBREC_EOS_OPS_SO = "librec_eos_ops.so"
 # (mxRec's examples pass it to import_host_pipeline_ops for return_timestamp)

@@ -22,7 +22,8 @@ from dynemb import _lib, _state
 from dynemb.core import exchange
 from dynemb.constants.constants import (ASCEND_SPARSE_LOOKUP_ID_OFFSET,
                                         ASCEND_SPARSE_LOOKUP_LOCAL_EMB,
-                                        ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, ASCEND_TIMESTAMP)
+                                        ASCEND_SPARSE_LOOKUP_UNIQUE_KEYS, ASCEND_TIMESTAMP,
+                                        MAX_ACCESS_THRESHOLD)
 from dynemb.core.asc.lookups import lookup_ids
 from dynemb.core.asc.spec import FeatureSpec
 from dynemb.core.tables import (EmbeddingTable, constant_default_value, engine_default_value,
@@ -90,9 +91,11 @@ def _check_evict_config(table: EmbeddingTable, cfg: Optional[dict]) -> Optional[
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (
-                k == "access_threshold" and v > 2**32 - 1):
-            raise ValueError("sparse_lookup('%s'): %s must be an int >= 0, got %r"
-                             % (table.table_name, k, v))
+                v > (MAX_ACCESS_THRESHOLD if k == "access_threshold" else 2**63 - 1)):
+            raise ValueError("sparse_lookup('%s'): access_and_evict_config['%s'] must be an "
+                             "int in [0, %s], got %r"
+                             % (table.table_name, k, "2^31-1" if k == "access_threshold"
+                                else "2^63-1", v))
     if out["eviction_clock"] not in ("step", "wall"):
         raise ValueError("sparse_lookup('%s'): eviction_clock must be 'step' (global "
                          "steps) or 'wall' (seconds)" % table.table_name)
@@ -252,7 +255,9 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
         if not from_spec:  # (a FeatureSpec's ids weigh its own coefficient)
             weight = evict_cfg["faae_coefficient"]
         prev = st.evict_configs.get(tname)
-        if prev is not None and dict(prev, faae_coefficient=weight) != evict_cfg:
+        # (each lookup weighs its own sightings: only the rest must agree)
+        shared = ("access_threshold", "eviction_threshold", "eviction_clock")
+        if prev is not None and any(prev.get(k) != evict_cfg[k] for k in shared):
             raise ValueError("sparse_lookup('%s'): access_and_evict_config %s differs from "
                              "the one of an earlier lookup of this table (%s); give every "
                              "lookup of a table the same thresholds (only "

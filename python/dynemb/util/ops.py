@@ -33,13 +33,13 @@ from tensorflow.python.framework.func_graph import FuncGraph
 
 from dynemb import _lib, _state
 from dynemb.constants.constants import (ASCEND_TIMESTAMP, EVAL_CHANNEL_ID, LIBASC_OPS_SO,
+                                        MAX_ACCESS_THRESHOLD,
                                        TRAIN_CHANNEL_ID)
 from dynemb.graph.trace import GET_NEXT_TYPES
 from dynemb.util.log import logger
 
 # Channel ids of get_training_mode_channel_id(True / False), mxRec's values.
 TRAIN_CHANNEL, EVAL_CHANNEL = TRAIN_CHANNEL_ID, EVAL_CHANNEL_ID
-_MAX_THRESHOLD = 2 ** 32 - 1
 
 
 # --------------------------------------------------------------------------
@@ -101,9 +101,10 @@ def _threshold_tensor(threshold: Any) -> tf.Tensor:
             raise ValueError("set_threshold: threshold must be a scalar, got shape %s"
                              % (value.shape,))
         value = int(value)
-        if not 0 <= value <= _MAX_THRESHOLD:
+        if not 0 <= value <= MAX_ACCESS_THRESHOLD:
             raise ValueError("set_threshold: threshold = %d is out of range; give a number "
-                             "of sightings from 1 to 4294967295, or 0 to stop counting "
+                             "of sightings from 1 to 2147483647 (2^31-1), or 0 to stop "
+                             "counting "
                              "them" % value)
         return tf.constant(value, tf.int64)
     t = tf.convert_to_tensor(threshold)
@@ -325,7 +326,7 @@ class HostPipelineOps:
                       name: Optional[str] = None) -> tf.Operation:
         """An op that, when run, sets the admission threshold of the tables
         `emb_name` (a name or a list) to `threshold` sightings (an int or an
-        integer scalar tensor, 1 to 2^32-1). mxRec's ids_name has no effect
+        integer scalar tensor, 1 to 2^31-1). mxRec's ids_name has no effect
         when emb_name is given; alone, it names a FeatureSpec or a
         sparse_lookup(name=...) whose table is meant. Neither: every table.
         Ids seen before the op ran keep their counts. As in the table's

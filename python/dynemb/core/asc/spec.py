@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from dynemb import _state
+from dynemb.constants.constants import MAX_ACCESS_THRESHOLD
 
 # Reserved batch keys added by the insert function.
 RESERVED_PREFIX = "__dynemb__"
@@ -89,8 +90,9 @@ class FeatureSpec:
                                             None if access_threshold == -1 else access_threshold)
         self.eviction_threshold = _nonneg_int(
             name, "eviction_threshold", None if eviction_threshold == -1 else eviction_threshold)
-        if self.access_threshold is not None and self.access_threshold > 2**32 - 1:
-            raise ValueError(f"FeatureSpec('{name}'): access_threshold must be < 2^32")
+        if self.access_threshold is not None and self.access_threshold > MAX_ACCESS_THRESHOLD:
+            raise ValueError(f"FeatureSpec('{name}'): access_threshold must be an int in "
+                             f"[0, 2^31-1] (or -1 / None: off), got {access_threshold!r}")
         self.batch_size = _nonneg_int(name, "batch_size", batch_size)
         self.faae_coefficient = _state.check_faae(f"FeatureSpec('{name}')", faae_coefficient)
         # Batch key of the timestamp spec of the insert function this spec was
