@@ -181,8 +181,14 @@ def test_modify_graph_script_on_n_ranks_trains_as_one_process(n, tmp_path):
     lookups, modify_graph_and_start_emb_cache() and get_initializer (lazy
     Adam, admission). Alone its pipeline prepares batches ahead; on n ranks
     the lookups exchange in the step: the same losses, rows and eval logits
-    (each rank's slice of every eval batch)."""
+    (each rank's slice of every eval batch), and every row's last access is
+    the global step that trained its batch in both (not the step at which
+    one process's pipeline prepared it)."""
     one, ranks = _one_and_n("modify", n, tmp_path)
+    union = {}
+    for r in ranks:
+        union.update(r["stamps"])
+    assert union == one["stamps"] and len(set(union.values())) > 2
     for b, want in enumerate(one["logits"]):
         _close(np.concatenate([r["logits"][b] for r in ranks]), want, "eval batch %d" % b)
 

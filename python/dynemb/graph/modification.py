@@ -266,11 +266,12 @@ def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next:
     tables = list(OrderedDict((lk.table_name, None) for lk in train))
     key_tables = [t for t in tables if t in need_keys]
 
-    def extra_fn(components: List[tf.Tensor]) -> List[tf.Tensor]:
+    def extra_fn(components: List[tf.Tensor], index: tf.Tensor,
+                 start: tf.Tensor) -> List[tf.Tensor]:
         tickets, per_table_ids, per_table_adm = [], {t: [] for t in tables}, \
             {t: [] for t in tables}
         previous: Dict[str, tf.Tensor] = {}
-        nows = {t: clocks[(name, t)](components) for t in tables}
+        nows = {t: clocks[(name, t)](components, index, start) for t in tables}
         for lk in train:
             ids = replay(lk.trace, components)
             deps = [previous[lk.table_name]] if lk.table_name in previous else []
@@ -289,7 +290,9 @@ def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next:
 
     try:
         ext = extend_iterator(get_next, extra_fn, prefetch=prefetch,
-                              name="dynemb_pipeline_" + get_next.name.replace("/", "_"))
+                              name="dynemb_pipeline_" + get_next.name.replace("/", "_"),
+                              start_fn=rewrite.pipeline_start(graph) or
+                              (lambda: tf.constant(0, tf.int64)))
     except PipelineError as e:
         raise GraphModificationError(str(e)) from None
     n_keys = len(key_tables)

@@ -11,7 +11,10 @@ Given the ``IteratorGetNext`` op of a user's iterator, `extend_iterator`:
    the ``IteratorGetNext`` op;
 2. builds ``dataset.map(fn).prefetch(n)`` where ``fn`` returns the original flat
    components followed by the extra ones (computed in tf.data's threads, ahead of
-   the training step), and a new iterator of the same kind over it;
+   the training step), and a new iterator of the same kind over it; with a
+   ``start_fn``, each element also gets its position in the pass and a value
+   read once, when the pass's first element is made (``enumerate`` and
+   ``scan`` ahead of the map: the clock of the step that will train it);
 3. moves every consumer of the old ``get_next`` outputs to the new ones
    (``Operation._update_input``; must happen before the graph first runs), and
    chains the new initializer to the old one (a control input of the old
@@ -25,15 +28,12 @@ reads the old iterator: those fetches are not graph edges and cannot be moved.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 from tensorflow.python.ops import gen_functional_ops
 
 from dynemb import _state
-
-ExtraFn = Callable[[List[tf.Tensor]], List[tf.Tensor]]
-
 
 class PipelineError(ValueError):
     """An iterator's input pipeline cannot be rebuilt."""
@@ -83,14 +83,19 @@ def _dataset_sources(get_next: tf.Operation):
         f"use tf.compat.v1.data.make_initializable_iterator or make_one_shot_iterator.")
 
 
-def extend_iterator(get_next: tf.Operation, extra_fn: ExtraFn, *, prefetch: int = 2,
-                    name: str = "dynemb_pipeline") -> ExtendedIterator:
+def extend_iterator(get_next: tf.Operation, extra_fn: Callable[..., List[tf.Tensor]], *,
+                    prefetch: int = 2, name: str = "dynemb_pipeline",
+                    start_fn: Optional[Callable[[], tf.Tensor]] = None) -> ExtendedIterator:
     """Rebuilds `get_next`'s pipeline with ``extra_fn``'s components appended.
 
     `extra_fn` is called inside the new map function (once per dataset), with the element's
     flat components (tensors of that function's graph, in ``get_next`` output
     order) and returns the extra tensors. `prefetch` > 0 lets the pipeline (and so
     extra_fn's side effects) run that many batches ahead of the step.
+    `start_fn` (an int64 scalar >= 0, built inside tf.data's functions): extra_fn
+    is then called as extra_fn(components, index, start), `index` the element's
+    position since the iterator was (re)initialized and `start` start_fn's
+    value when that pass made its first element.
     """
     graph = get_next.graph
     spec = _element_spec(get_next)
@@ -102,10 +107,23 @@ def extend_iterator(get_next: tf.Operation, extra_fn: ExtraFn, *, prefetch: int 
             extras = list(extra_fn(list(components)))
             return tuple(components) + tuple(extras)
 
+        def counted_fn(index, start, components):
+            extras = list(extra_fn(list(components), index, start))
+            return tuple(components) + tuple(extras)
+
+        def first_start(state, element):
+            index, components = element
+            start = tf.where(state < 0, tf.cast(start_fn(), tf.int64), state)
+            return start, (index, start, components)
+
         new_iter = None
         new_inits: List[tf.Operation] = []
         for variant, _maker in sources:
-            ds = tf.data.experimental.from_variant(variant, spec).map(fn)
+            ds = tf.data.experimental.from_variant(variant, spec)
+            if start_fn is None:
+                ds = ds.map(fn)
+            else:
+                ds = ds.enumerate().scan(tf.constant(-1, tf.int64), first_start).map(counted_fn)
             if prefetch > 0:
                 ds = ds.prefetch(prefetch)
             if one_shot:

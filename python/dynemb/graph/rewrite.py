@@ -126,24 +126,37 @@ def pipeline_now(now: tf.Tensor, get_next: Optional[tf.Operation], table_name: s
     """How to compute, inside the pipeline, the clock a plain lookup would stamp.
 
     `now` is the plain lookup's clock tensor. Returns a function of the element's
-    flat components (called inside the map function) giving an int64 scalar:
-    data time when `now` is computed from the same iterator (ASCEND_TIMESTAMP),
-    a constant when it is one, the wall clock when it reads ``tf.timestamp()``,
-    and the global step (read in the pipeline, so it may lag the step that
-    trains the batch by the pipeline's lead) when it reads that variable.
+    flat components, its position in the pass and the global step when the
+    pass began (pipeline_start; called inside the map function) giving an
+    int64 scalar: data time when `now` is computed from the same iterator
+    (ASCEND_TIMESTAMP), a constant when it is one, the wall clock when it
+    reads ``tf.timestamp()``, and for the global step, the step that will
+    train the batch: the pass's start plus the batches before it times the
+    step's increment, when the graph advances the step by a constant
+    (optimizer.minimize(global_step=...)), so one process stamps what the
+    in-step lookups of several ranks stamp, whatever the pipeline's lead;
+    else the step read in the pipeline (which may lag by that lead).
     """
     sources, blockers, _ = walk(now)
     if not blockers and (not sources or (get_next is not None and sources[0] is get_next)):
         trace = Trace(tensor=now, get_next=sources[0] if sources else None,
                       ops=walk(now)[2])
-        return lambda comps: tf.cast(replay(trace, comps if sources else []), tf.int64)
+        return lambda comps, index, start: tf.cast(replay(trace, comps if sources else []),
+                                                   tf.int64)
     ancestry = _ancestors(now)
     if any(op.type == "Timestamp" for op in ancestry):
-        return lambda comps: tf.cast(tf.timestamp(), tf.int64)
+        return lambda comps, index, start: tf.cast(tf.timestamp(), tf.int64)
     gs = tf.compat.v1.train.get_global_step(now.graph)
     if gs is not None and any(op.name == gs.op.name for op in ancestry):
         if isinstance(gs, tf.Variable) and gs.op.type == "VarHandleOp":
-            return lambda comps: read_by_name(gs)
+            step = _step_increment(gs)
+            if step is not None:
+                return lambda comps, index, start: start + step * index
+            logger.warning("table '%s': the graph does not advance the global step by a "
+                           "constant amount per step; the input pipeline stamps last access "
+                           "with the step it reads, which may lag the step that trains the "
+                           "batch by the pipeline's lead", table_name)
+            return lambda comps, index, start: read_by_name(gs)
         if eviction:
             raise GraphModificationError(
                 f"table '{table_name}' evicts by global step, but the global step is a "
@@ -154,11 +167,40 @@ def pipeline_now(now: tf.Tensor, get_next: Optional[tf.Operation], table_name: s
         logger.warning("table '%s': the global step is a reference variable; the input "
                        "pipeline stamps last access with 0 (harmless: the table does not "
                        "evict)", table_name)
-        return lambda comps: tf.constant(0, tf.int64)
+        return lambda comps, index, start: tf.constant(0, tf.int64)
     raise GraphModificationError(
         f"table '{table_name}': cannot compute the lookup's clock ('{now.name}') in the "
         f"input pipeline ({'; '.join(blockers) or 'it comes from another iterator'}); use "
         f"the global step, the wall clock or a data timestamp from the same iterator")
+
+
+def pipeline_start(graph: tf.Graph) -> Optional["callable"]:
+    """What a rebuilt pipeline reads when a pass begins (extend_iterator's
+    start_fn): the global step, when it is a resource variable."""
+    gs = tf.compat.v1.train.get_global_step(graph)
+    if gs is not None and isinstance(gs, tf.Variable) and gs.op.type == "VarHandleOp":
+        return lambda: read_by_name(gs)
+    return None
+
+
+def _step_increment(gs: tf.Variable) -> Optional[int]:
+    """How much one training step advances the global step: the sum of the
+    constant increments (AssignAddVariableOp, as apply_gradients(global_step=)
+    builds them) that the graph applies to it; None when a computed
+    increment or a decrement writes it, or nothing does (a hook may then
+    change it between steps). Assignments are not steps: the initializer,
+    a Saver's restore or warm start set it before training."""
+    handle = gs.handle.op.name
+    total, writers = 0, 0
+    for op in gs.graph.get_operations():
+        if op.type not in ("AssignAddVariableOp", "AssignSubVariableOp") or \
+                op.inputs[0].op.name != handle:
+            continue
+        value = tf.get_static_value(op.inputs[1])
+        if op.type != "AssignAddVariableOp" or value is None:
+            return None
+        total, writers = total + int(value), writers + 1
+    return total if writers else None
 
 
 def read_by_name(var: tf.Variable) -> tf.Tensor:

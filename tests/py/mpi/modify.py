@@ -4,7 +4,9 @@ mxRec-style sess.run script with automatic graph modification
 get_initializer) and admission. Alone, the rebuilt pipeline prepares each
 batch ahead of the step; on N ranks the lookups exchange in the step and
 each rank reads its slice of every global batch. Both must train the same:
-losses, an eval pass over held-out ids (eval iterator), and every row.
+losses, an eval pass over held-out ids (eval iterator), and every row; and
+stamp every row with the same last access, the global step that trained its
+batch (eviction by step is on, with a threshold no row reaches).
 Results: $RESULTS/modify-<rank>.json."""
 import json
 import os
@@ -37,7 +39,8 @@ held = tf.compat.v1.data.make_initializable_iterator(eval_ds).get_next()
 opt = dynemb.optimizers.lazy_adam.create_hash_optimizer(learning_rate=0.05)
 table = dynemb.create_table(tf.int64, DIM, "m", tf.compat.v1.random_uniform_initializer(
     -0.2, 0.2, seed=4))
-cfg = {"access_threshold": 2}
+cfg = {"access_threshold": 2, "eviction_threshold": 1000}
+global_step = tf.compat.v1.train.get_or_create_global_step()
 w = tf.compat.v1.get_variable("w", initializer=tf.constant(
     np.linspace(-1, 1, 3 * DIM, dtype=np.float32)[:, None]))
 
@@ -55,7 +58,7 @@ eval_logits = logits_of(held, False)
 gw, gt = tf.gradients(loss, [w, table.anchor])
 step = tf.group(
     tf.compat.v1.train.GradientDescentOptimizer(0.5).apply_gradients(
-        zip(dynemb.allreduce_gradients([gw], average=False), [w])),
+        zip(dynemb.allreduce_gradients([gw], average=False), [w]), global_step=global_step),
     opt.apply_gradients([(gt, table.anchor)]))
 modify_graph_and_start_emb_cache()
 read = dynemb.sparse_lookup(table, tf.range(50, dtype=tf.int64), is_train=False, name="read")
@@ -67,5 +70,8 @@ with tf.compat.v1.Session() as sess:
     sess.run(get_initializer(False))
     logits = [sess.run(eval_logits).tolist() for _ in range(2)]
     rows = sess.run(read).tolist()
+    # (this rank's rows: key -> last access)
+    _, keys, _, last_access = sess.run(list(dynemb._lib.ops.dynemb_export(table_name="m"))[:4])
 with open(os.path.join(os.environ["RESULTS"], "modify-%d.json" % rank), "w") as f:
-    json.dump({"losses": losses, "logits": logits, "rows": rows}, f)
+    json.dump({"losses": losses, "logits": logits, "rows": rows,
+               "stamps": dict(zip(map(str, keys.tolist()), last_access.tolist()))}, f)
