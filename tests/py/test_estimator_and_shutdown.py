@@ -75,6 +75,48 @@ def test_exit_with_unclosed_session_is_clean():
     assert "ok 1000" in r.stdout
 
 
+def test_exit_with_unclosed_session_lets_a_generator_pipeline_finish():
+    # mxRec's demos read a Python generator (from_generator) and may leave the
+    # session open. Graph modification prefetches batches, so at exit a
+    # tf.data thread is inside the generator (here: its next element sleeps
+    # past the script's end). Deleted during Python's finalization, the
+    # session waited for a thread that dies at the GIL: the element was never
+    # made, and sometimes the process never exited. dynemb deletes such
+    # sessions at exit while Python is whole: the element is made, then the
+    # process exits. Several runs, each bounded.
+    code = textwrap.dedent("""
+        import os, sys, time; os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        import numpy as np, tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+        import dynemb
+        from dynemb.graph.modifier import get_initializer, modify_graph_and_start_emb_cache
+        dynemb.init()
+        def gen():
+            for i in range(1000):
+                if i == 14:
+                    time.sleep(1)
+                    print("element", i, "made", file=sys.stderr, flush=True)
+                yield np.arange(i, i + 8, dtype=np.int64)
+        ds = tf.data.Dataset.from_generator(
+            gen, output_signature=tf.TensorSpec([8], tf.int64)).batch(4)
+        ids = tf.compat.v1.data.make_initializable_iterator(ds).get_next()
+        t = dynemb.create_table(tf.int64, 4, "g", tf.compat.v1.zeros_initializer())
+        opt = dynemb.optimizers.gradient_descent.create_hash_optimizer(learning_rate=0.1)
+        train = opt.minimize(tf.reduce_sum(dynemb.sparse_lookup(t, ids, modify_graph=True)))
+        modify_graph_and_start_emb_cache()
+        sess = tf.compat.v1.Session()
+        sess.run(get_initializer(True))
+        for _ in range(3):
+            sess.run(train)
+        print("trained", file=sys.stderr, flush=True)
+    """)
+    for _ in range(2):
+        r = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-c", code],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stderr.index("trained") < r.stderr.index("element 14 made"), r.stderr[-2000:]
+
+
 # --------------------------------------------------------------------------
 # Estimator vs sess.run, train_and_evaluate, EvictHook, missing hook
 # --------------------------------------------------------------------------
