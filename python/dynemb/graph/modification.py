@@ -31,22 +31,12 @@ guards and registers the unchanged iterators, whose initializers
 ``get_initializer`` returns. The training is the same; the pipeline that
 prepares batches ahead is one process's only, for now.
 
-At exit, sessions still open on a graph whose pipeline was rebuilt are
-deleted while the interpreter is whole (``_delete_open_sessions``): the
-prefetch keeps running the script's own input functions (a ``from_generator``
-generator, a ``py_function``) in tf.data's threads; once Python's
-finalization has begun such a thread dies where it waits for the GIL, and
-TensorFlow's own deletion of the session at teardown could wait for it forever.
-
 mxRec's path for these is ``dynemb.graph.modifier``.
 """
 
 from __future__ import annotations
 
-import atexit
-import gc
 import os
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
@@ -56,14 +46,12 @@ import tensorflow as tf
 from dynemb import _state
 from dynemb.core.asc.lookups import start_asc_pipeline
 from dynemb.graph import rewrite
-from dynemb.graph.pipeline import PipelineError, extend_iterator
+from dynemb.graph.pipeline import PipelineError, delete_sessions_at_exit, extend_iterator
 from dynemb.graph.rewrite import GraphModificationError
 from dynemb.graph.trace import GET_NEXT_TYPES, Trace, TraceError, replay, trace_to_iterator
 from dynemb.util.log import logger
 
 DEFAULT_PREFETCH = 2
-# Graphs with a rebuilt (prefetching) pipeline: their sessions are deleted at exit.
-_REBUILT_GRAPHS: "weakref.WeakSet[tf.Graph]" = weakref.WeakSet()
 DUMP_DIR_ENV = "DYNEMB_GRAPH_DUMP_DIR"
 DEFAULT_DUMP_DIR = "dynemb_graph_dump"
 
@@ -315,7 +303,7 @@ def _rebuild(st: _state.ModificationState, graph: tf.Graph, name: str, get_next:
         tickets_of[lk.op.name] = tk
     for t, k in zip(key_tables, keys):
         trainable.setdefault(t, []).append(k)
-    _REBUILT_GRAPHS.add(graph)
+    delete_sessions_at_exit(graph)
     if ext.one_shot:
         st.one_shot[True] = True
     if len(ext.initializers) > 1:
@@ -441,24 +429,4 @@ class GraphModifierHook(tf.compat.v1.train.SessionRunHook):
                                              prefetch=self._prefetch)
         else:
             start_asc_pipeline()
-
-
-def _delete_open_sessions() -> None:
-    """Deletes the sessions a script left open on graphs with a rebuilt
-    pipeline, as TensorFlow itself would at teardown, but while the
-    interpreter is whole, so their input threads finish (module docstring).
-    Registered after dynemb's terminate (dynemb._state), so it runs before it."""
-    if not len(_REBUILT_GRAPHS):
-        return
-    from tensorflow.python.client.session import BaseSession
-    for obj in gc.get_objects():
-        if isinstance(obj, BaseSession) and getattr(obj, "_session", None) is not None \
-                and obj.graph in _REBUILT_GRAPHS:
-            try:
-                obj.__del__()  # close, then TF_DeleteSession; a second call does nothing
-            except Exception as e:  # shutdown must not raise
-                logger.warning("closing a session at exit: %s", e)
-
-
-atexit.register(_delete_open_sessions)
 

@@ -21,12 +21,23 @@ Given the ``IteratorGetNext`` op of a user's iterator, `extend_iterator`:
    ``MakeIterator``), so that ``sess.run(iterator.initializer)`` or Estimator's
    own dataset hook still initializes what the graph now reads.
 
+At exit, sessions still open on a graph whose pipeline prepares batches
+ahead (rebuilt here, or FeatureSpec mode's) are deleted while the interpreter
+is whole (``delete_sessions_at_exit``): the pipeline keeps running the
+script's own input functions (a ``from_generator`` generator, a
+``py_function``) in tf.data's threads; once Python's finalization has begun
+such a thread dies where it waits for the GIL, and TensorFlow's own deletion
+of the session at teardown could wait for it for ever.
+
 Fetching the old ``get_next`` tensors directly (``sess.run(next_batch)``) still
 reads the old iterator: those fetches are not graph edges and cannot be moved.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
+import weakref
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
@@ -34,6 +45,11 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_functional_ops
 
 from dynemb import _state
+from dynemb.util.log import logger
+
+# Graphs whose pipelines prepare batches ahead: their sessions are deleted at exit.
+_AHEAD_GRAPHS: "weakref.WeakSet[tf.Graph]" = weakref.WeakSet()
+
 
 class PipelineError(ValueError):
     """An iterator's input pipeline cannot be rebuilt."""
@@ -162,4 +178,29 @@ def replace_uses(old: tf.Tensor, new: tf.Tensor, keep: Sequence[tf.Operation] = 
                 consumer._update_input(i, new)  # pylint: disable=protected-access
                 count += 1
     return count
+
+
+def delete_sessions_at_exit(graph: tf.Graph) -> None:
+    """Marks `graph` as one whose sessions are deleted at exit (module docstring)."""
+    _AHEAD_GRAPHS.add(graph)
+
+
+def _delete_open_sessions() -> None:
+    """Deletes the sessions a script left open on the marked graphs, as
+    TensorFlow itself would at teardown, but while the interpreter is whole,
+    so their input threads finish (module docstring). Registered after
+    dynemb's terminate (dynemb._state is imported first), so it runs before it."""
+    if not len(_AHEAD_GRAPHS):
+        return
+    from tensorflow.python.client.session import BaseSession
+    for obj in gc.get_objects():
+        if isinstance(obj, BaseSession) and getattr(obj, "_session", None) is not None \
+                and obj.graph in _AHEAD_GRAPHS:
+            try:
+                obj.__del__()  # close, then TF_DeleteSession; a second call does nothing
+            except Exception as e:  # shutdown must not raise
+                logger.warning("closing a session at exit: %s", e)
+
+
+atexit.register(_delete_open_sessions)
 

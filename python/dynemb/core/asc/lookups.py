@@ -28,6 +28,7 @@ from dynemb.core.asc.spec import (RESERVED_PREFIX, FeatureSpec, admitted_key, st
                                   tickets_key)
 from dynemb.core.tables import op_name
 from dynemb.graph import rewrite
+from dynemb.graph.pipeline import delete_sessions_at_exit
 from dynemb.graph.rewrite import GraphModificationError
 from dynemb.util.log import logger
 
@@ -177,6 +178,8 @@ def start_asc_pipeline() -> None:
         logger.info("start_asc_pipeline on %d ranks: %d FeatureSpec lookup(s) exchange with "
                     "the rows' owners in the step", _state.get_rank_size(), len(found))
         return
+    if any(e.training for _, e in found):  # (its insert function prepares ahead)
+        delete_sessions_at_exit(graph)
     train_tables = {e.spec.table_name for r, e in found if r["is_train"]}
     for r in _state.graph_state(graph).lookups:
         t = r["table"].table_name
