@@ -313,10 +313,8 @@ $(TFRA_VENV)/.stamp:
 # -Wl,--wrap to the stand-ins of bench/engine_left_out.c, which write their
 # outputs (zero rows, "not admitted", 0 applied) and do nothing else. The step
 # costs what it costs without the engine's work; it does not train.
-ENGINE_LEFT_OUT_CALLS := dynemb_lookup_weighted dynemb_lookup_tickets \
-                         dynemb_lookup_prepared_found \
-                         dynemb_prepare_weighted \
-                         dynemb_apply dynemb_apply_filtered dynemb_apply_prepared
+ENGINE_LEFT_OUT_CALLS := dynemb_lookup dynemb_lookup_prepared dynemb_prepare \
+                         dynemb_apply
 ENGINE_LEFT_OUT_LIB   := build/bench/engine-left-out/_dynemb_ops.so
 
 $(ENGINE_LEFT_OUT_LIB): bench/engine_left_out.c tf/dynemb_ops.c tf/ops.mk Makefile \

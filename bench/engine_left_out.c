@@ -27,60 +27,35 @@ static int no_stats(dynemb_apply_stats *stats) {
   return DYNEMB_OK;
 }
 
-int __wrap_dynemb_lookup_weighted(dynemb_table *t, const int64_t *keys,
-                                  size_t n, int mode, int64_t now,
-                                  uint32_t weight, float *out) {
-  (void)keys, (void)mode, (void)now, (void)weight;
+/* (with `tickets` given, every key reads as not admitted) */
+int __wrap_dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n,
+                         int mode, int64_t now, const dynemb_lookup_opts *opts,
+                         float *out, dynemb_ticket *tickets) {
+  (void)keys, (void)mode, (void)now, (void)opts;
+  if (tickets) memset(tickets, 0xff, n * sizeof *tickets); /* NOT_ADMITTED */
   return zero_rows(t, n, out);
 }
 
-int __wrap_dynemb_lookup_tickets(dynemb_table *t, const int64_t *keys,
-                                 size_t n, int mode, int64_t now,
-                                 uint32_t weight, float *out,
-                                 dynemb_ticket *tickets) {
-  (void)keys, (void)mode, (void)now, (void)weight;
-  memset(tickets, 0xff, n * sizeof *tickets); /* DYNEMB_NOT_ADMITTED */
-  return zero_rows(t, n, out);
-}
-
-int __wrap_dynemb_lookup_prepared_found(dynemb_table *t, const int64_t *keys,
-                                        const dynemb_ticket *tickets, size_t n,
-                                        float *out, unsigned char *found) {
+int __wrap_dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
+                                  const dynemb_ticket *tickets, size_t n,
+                                  float *out, unsigned char *found) {
   (void)keys, (void)tickets;
   if (found) memset(found, 0, n);
   return zero_rows(t, n, out);
 }
 
-int __wrap_dynemb_prepare_weighted(dynemb_table *t, const int64_t *keys,
-                                   size_t n, int mode, int64_t now,
-                                   uint32_t weight, dynemb_ticket *tickets) {
-  (void)t, (void)keys, (void)mode, (void)now, (void)weight;
+int __wrap_dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n,
+                          int mode, int64_t now, const dynemb_lookup_opts *opts,
+                          dynemb_ticket *tickets) {
+  (void)t, (void)keys, (void)mode, (void)now, (void)opts;
   memset(tickets, 0xff, n * sizeof *tickets); /* DYNEMB_NOT_ADMITTED */
   return DYNEMB_OK;
 }
 
 int __wrap_dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
                         const float *grads, float learning_rate,
+                        const dynemb_apply_opts *opts,
                         dynemb_apply_stats *stats) {
-  (void)t, (void)keys, (void)n, (void)grads, (void)learning_rate;
-  return no_stats(stats);
-}
-
-int __wrap_dynemb_apply_filtered(dynemb_table *t, const int64_t *keys,
-                                 size_t n, const float *grads,
-                                 float learning_rate,
-                                 const int64_t *trainable, size_t n_trainable,
-                                 dynemb_apply_stats *stats) {
-  (void)t, (void)keys, (void)n, (void)grads, (void)learning_rate,
-      (void)trainable, (void)n_trainable;
-  return no_stats(stats);
-}
-
-int __wrap_dynemb_apply_prepared(dynemb_table *t, const int64_t *keys,
-                                 const dynemb_ticket *tickets, size_t n,
-                                 const float *grads, float learning_rate,
-                                 dynemb_apply_stats *stats) {
-  (void)t, (void)keys, (void)tickets, (void)n, (void)grads,
-      (void)learning_rate;
+  (void)t, (void)keys, (void)n, (void)grads, (void)learning_rate, (void)opts;
   return no_stats(stats);
 }

@@ -65,12 +65,13 @@ static void phase(int k, int b) {
     const int64_t *keys = ids[i] + (size_t)b * n[i];
     uint64_t *h = tickets[i] + (size_t)b * n[i];
     if (k == PREPARE &&
-        dynemb_prepare(t[i], keys, n[i], DYNEMB_LOOKUP_TRAIN, 0, h))
+        dynemb_prepare(t[i], keys, n[i], DYNEMB_LOOKUP_TRAIN, 0, NULL, h))
       die("prepare");
-    if (k == LOOKUP && dynemb_lookup_prepared(t[i], keys, h, n[i], out[i]))
+    if (k == LOOKUP &&
+        dynemb_lookup_prepared(t[i], keys, h, n[i], out[i], NULL))
       die("lookup");
-    if (k == APPLY &&
-        dynemb_apply_prepared(t[i], keys, h, n[i], grad[i], -1.0f, NULL))
+    if (k == APPLY && dynemb_apply(t[i], keys, n[i], grad[i], -1.0f,
+                                   &(dynemb_apply_opts){.tickets = h}, NULL))
       die("apply");
     if (k == ROUTE) {
       dynemb_route rt;

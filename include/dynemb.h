@@ -54,7 +54,7 @@ extern "C" {
 
 /* Version of the library (not of the checkpoint format). */
 #define DYNEMB_VERSION_MAJOR 0
-#define DYNEMB_VERSION_MINOR 1
+#define DYNEMB_VERSION_MINOR 2
 #define DYNEMB_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------ */
@@ -293,21 +293,21 @@ enum dynemb_lookup_mode {
                               the default value; does not stamp */
 };
 
-/* Looks up `n` keys and writes n * dim floats (embeddings only, no slots)
- * to `out`. Repeated keys are fine. `now` is the time stamped on accessed
- * rows in TRAIN mode (see Conventions).
- * Errors: EINVAL (now out of range, NULL buffers with n > 0),
- * ECAPACITY (host budget full: raise host_vocabulary_size or enable
- * eviction), ENOMEM. On error `out` is unspecified; rows inserted before the
- * error stay (they are valid rows). */
-DYNEMB_API int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n,
-                             int mode, int64_t now, float *out);
+/* What a lookup or prepare may be told beyond its keys, mode and clock. A
+ * NULL pointer, or a zeroed struct, means the defaults. */
+typedef struct dynemb_lookup_opts {
+  /* Sightings one occurrence of a key without a row counts towards
+   * access_threshold (mxRec's faae_coefficient: features that share a table
+   * weigh their sightings differently): 1 .. 2^31-1; 0 means 1. Counts
+   * saturate. */
+  uint32_t weight;
+} dynemb_lookup_opts;
 
 /* Prepared batches. An input pipeline sends a batch's keys to the engine
  * ahead of the training step (dynemb_prepare, possibly several batches
  * ahead and on other threads); the step then reads the rows
- * (dynemb_lookup_prepared) and applies the gradients
- * (dynemb_apply_prepared) through the admission tickets that prepare
+ * (dynemb_lookup_prepared) and applies the gradients (dynemb_apply with
+ * the tickets in its options) through the admission tickets that prepare
  * wrote, one per key.
  *
  * An admission ticket is binding: it is the admission decision for that
@@ -324,49 +324,43 @@ DYNEMB_API int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n,
 typedef uint64_t dynemb_ticket;
 #define DYNEMB_NOT_ADMITTED UINT64_MAX
 
-/* Does to the table exactly what dynemb_lookup does for the same keys,
- * mode and `now` (TRAIN: counts candidates, inserts admitted keys, stamps
- * last access; EVAL: nothing), without copying values, and writes one
- * ticket per key to tickets[n]: DYNEMB_NOT_ADMITTED where that lookup
- * would have returned the default value. Errors: as dynemb_lookup. */
-DYNEMB_API int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n,
-                              int mode, int64_t now, dynemb_ticket *tickets);
+/* Looks up `n` keys and writes n * dim floats (embeddings only, no slots)
+ * to `out`. Repeated keys are fine. `now` is the time stamped on accessed
+ * rows in TRAIN mode (see Conventions); `opts` may be NULL (defaults).
+ * `tickets` (n entries) may be NULL; if given it receives what
+ * dynemb_prepare would write, DYNEMB_NOT_ADMITTED where the key read the
+ * default value (which ids have a row, in the same pass).
+ * Errors: EINVAL (unknown mode, now or opts->weight out of range, NULL
+ * keys or out with n > 0), ECAPACITY (host budget full: raise
+ * host_vocabulary_size or enable eviction), ENOMEM. On error `out` and
+ * `tickets` are unspecified; rows inserted before the error stay (they are
+ * valid rows). */
+DYNEMB_API int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n,
+                             int mode, int64_t now,
+                             const dynemb_lookup_opts *opts, float *out,
+                             dynemb_ticket *tickets);
 
-/* dynemb_lookup and dynemb_prepare with each occurrence of a key without a
- * row counting `weight` sightings towards access_threshold instead of one
- * (mxRec's faae_coefficient: the features that share a table weigh their
- * sightings differently). weight: 1 .. 2^31-1; counts saturate. */
-DYNEMB_API int dynemb_lookup_weighted(dynemb_table *t, const int64_t *keys,
-                                      size_t n, int mode, int64_t now,
-                                      uint32_t weight, float *out);
-DYNEMB_API int dynemb_prepare_weighted(dynemb_table *t, const int64_t *keys,
-                                       size_t n, int mode, int64_t now,
-                                       uint32_t weight,
-                                       dynemb_ticket *tickets);
-/* dynemb_lookup_weighted that also writes what dynemb_prepare_weighted
- * would: one ticket per key, DYNEMB_NOT_ADMITTED where the key read the
- * default value (which ids have a row, in one pass). */
-DYNEMB_API int dynemb_lookup_tickets(dynemb_table *t, const int64_t *keys,
-                                     size_t n, int mode, int64_t now,
-                                     uint32_t weight, float *out,
-                                     dynemb_ticket *tickets);
+/* Does to the table exactly what dynemb_lookup does for the same keys,
+ * mode, `now` and options (TRAIN: counts candidates, inserts admitted
+ * keys, stamps last access; EVAL: nothing), without copying values, and
+ * writes one ticket per key to tickets[n]. Errors: as dynemb_lookup
+ * (a NULL tickets buffer with n > 0 is EINVAL). */
+DYNEMB_API int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n,
+                              int mode, int64_t now,
+                              const dynemb_lookup_opts *opts,
+                              dynemb_ticket *tickets);
 
 /* Reads the rows of a prepared batch: what a TRAIN lookup at prepare time
  * would have returned (rows updated since are read as they are now).
  * Tickets must come from dynemb_prepare on this table for these keys;
  * others never make it read outside the table's memory, but may read
- * other rows. Errors: EINVAL (NULL buffers), ENOMEM. */
+ * other rows. `found` (n entries, 1/0) may be NULL; if given it says which
+ * keys read a row: not those not admitted at prepare time, nor those whose
+ * row is gone since (evicted, cleared). Errors: EINVAL (NULL keys, tickets
+ * or out with n > 0), ENOMEM. */
 DYNEMB_API int dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
                                       const dynemb_ticket *tickets, size_t n,
-                                      float *out);
-/* dynemb_lookup_prepared that also says, in found[n] (1/0), which keys read
- * a row: not those not admitted at prepare time, nor those whose row is
- * gone since (evicted, cleared). */
-DYNEMB_API int dynemb_lookup_prepared_found(dynemb_table *t,
-                                            const int64_t *keys,
-                                            const dynemb_ticket *tickets,
-                                            size_t n, float *out,
-                                            unsigned char *found);
+                                      float *out, unsigned char *found);
 
 /* Widens int32 keys to int64 (sign-extending), for callers with int32 ids. */
 DYNEMB_API void dynemb_widen_keys(const int32_t *in, size_t n, int64_t *out);
@@ -378,59 +372,58 @@ typedef struct dynemb_apply_stats {
   size_t skipped_nonfinite; /* keys skipped for NaN/Inf (policy SKIP) */
 } dynemb_apply_stats;
 
+/* Which keys of an apply train, beyond "those with a row". A NULL pointer,
+ * or a zeroed struct, means all of them. */
+typedef struct dynemb_apply_opts {
+  /* A prepared batch: tickets[i] is the ticket dynemb_prepare wrote for
+   * keys[i] (the same keys in the same order; any number of lookups'
+   * batches concatenated). A key trains when any of its occurrences was
+   * admitted, and its row is found at the ticket's place while that is
+   * current. Made-up tickets never make it write outside the table's
+   * memory, but may update other rows. */
+  const dynemb_ticket *tickets;
+  /* When `filtered` is set, only the keys in trainable[n_trainable] (any
+   * order, repeats allowed; none at all when n_trainable is 0) train; the
+   * others are dropped and counted as keys without a row. Input pipelines
+   * that admit keys ahead of the step pass the keys admitted as of the
+   * step's own batch, so a row admitted by a later batch does not train
+   * early. Not together with `tickets`. */
+  int filtered;
+  const int64_t *trainable;
+  size_t n_trainable;
+} dynemb_apply_opts;
+
 /* Applies gradients: `grads` holds n * dim floats, row i for keys[i].
  * Gradients of repeated keys are summed first (as TensorFlow does for
  * IndexedSlices), then the table's optimizer updates each row once.
  * learning_rate < 0 uses the configured rate. Each call counts as one
  * optimizer step for Adam's bias correction (the table keeps the count; it
  * is saved in checkpoints). Keys without a row are dropped and counted.
+ * `opts` (may be NULL) narrows which keys train. `stats` may be NULL.
  * Errors: ENONFINITE (policy ERROR: nothing was applied; the message names
- * the table and the first offending key), EINVAL, ENOMEM.
- * `stats` may be NULL. */
+ * the table and the first offending key), EINVAL (NULL buffers with n > 0,
+ * tickets and a filter together), ENOMEM. */
 DYNEMB_API int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
                             const float *grads, float learning_rate,
+                            const dynemb_apply_opts *opts,
                             dynemb_apply_stats *stats);
 
 /* `now` value for dynemb_evict meaning "the table clock". */
 #define DYNEMB_NOW_TABLE_CLOCK (-1)
-
-/* As dynemb_apply, but only the trainable keys (`trainable`, n_trainable
- * keys, any order, repeats allowed) are updated; the others are dropped
- * and counted as keys without a row. Input pipelines that admit keys
- * ahead of the step pass the keys admitted as of the step's own batch, so
- * a row admitted by a later batch does not train early. Errors: as
- * dynemb_apply. */
-DYNEMB_API int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys,
-                                     size_t n, const float *grads,
-                                     float learning_rate,
-                                     const int64_t *trainable,
-                                     size_t n_trainable,
-                                     dynemb_apply_stats *stats);
-
-/* Applies the gradients of a prepared batch, tickets[i] being the ticket
- * dynemb_prepare wrote for keys[i] (the same keys in the same order; any
- * number of lookups' batches concatenated). A key trains when any of its
- * occurrences was admitted (its ticket is not DYNEMB_NOT_ADMITTED), i.e.
- * dynemb_apply_filtered with the batch's admitted keys as the trainable
- * keys; its row is found at the ticket's place while that is current.
- * Made-up tickets never make it write outside the table's memory, but may
- * update other rows. Errors: as dynemb_apply. */
-DYNEMB_API int dynemb_apply_prepared(dynemb_table *t, const int64_t *keys,
-                                     const dynemb_ticket *tickets, size_t n,
-                                     const float *grads, float learning_rate,
-                                     dynemb_apply_stats *stats);
+/* `threshold` value for dynemb_evict meaning "the table's
+ * eviction_threshold" (whose 0 is off). */
+#define DYNEMB_TABLE_THRESHOLD (-1)
 
 /* Removes rows and admission candidates whose last access is more than
- * eviction_threshold before `now` (DYNEMB_NOW_TABLE_CLOCK: the table
- * clock); their memory is reused by later inserts.
- * Does nothing when eviction_threshold is 0. *evicted (may be NULL) gets the
- * number of rows removed. Errors: EINVAL (now out of range). */
-DYNEMB_API int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted);
-/* dynemb_evict with the threshold given (>= 0; 0 removes every row and
- * candidate not accessed at `now`: mxRec's eviction_threshold 0) instead
- * of the table's. Errors: EINVAL (now out of range, threshold < 0). */
-DYNEMB_API int dynemb_evict_older_than(dynemb_table *t, int64_t now,
-                                       int64_t threshold, size_t *evicted);
+ * `threshold` before `now` (DYNEMB_NOW_TABLE_CLOCK: the table clock); their
+ * memory is reused by later inserts. threshold >= 0 is used as given (0
+ * removes every row and candidate not accessed at `now`: mxRec's
+ * eviction_threshold 0); DYNEMB_TABLE_THRESHOLD takes the table's
+ * eviction_threshold, and then does nothing when that is 0. *evicted (may
+ * be NULL) gets the number of rows removed. Errors: EINVAL (now out of
+ * range, threshold below -1). */
+DYNEMB_API int dynemb_evict(dynemb_table *t, int64_t now, int64_t threshold,
+                            size_t *evicted);
 
 /* Removes every row and candidate (counters in stats are kept). */
 DYNEMB_API void dynemb_table_clear(dynemb_table *t);

@@ -3,10 +3,10 @@
  * order, gradients of repeated keys summed (as TensorFlow sums
  * IndexedSlices), NaN/Inf found before anything changes, and the table's
  * optimizer (optim.h) updates each key's row once, under its shard's write
- * lock. Three ways to say which keys may train: all keys with a row
- * (dynemb_apply), the trainable keys a caller lists (dynemb_apply_filtered)
- * and the admission tickets of a prepared batch (dynemb_apply_prepared,
- * ticket.h), which also locate the rows.
+ * lock. Three ways to say which keys may train (dynemb_apply's options): all
+ * keys with a row (no options), the trainable keys a caller lists (a
+ * filter) and the admission tickets of a prepared batch (ticket.h), which
+ * also locate the rows.
  */
 #include "table_int.h"
 
@@ -125,8 +125,8 @@ static inline void add_row(float *restrict acc, const float *restrict x,
   }
 }
 
-/* A set of keys (open addressing, linear probing): the trainable keys of
- * dynemb_apply_filtered. */
+/* A set of keys (open addressing, linear probing): the trainable keys of a
+ * filtered apply. */
 typedef struct key_set {
   int64_t *keys;
   unsigned char *used;
@@ -167,46 +167,37 @@ static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,
 
 int dynemb_apply(dynemb_table *t, const int64_t *keys, size_t n,
                  const float *grads, float learning_rate,
-                 dynemb_apply_stats *stats) {
-  return apply_impl(t, keys, n, grads, learning_rate, NULL, NULL, stats);
-}
-
-int dynemb_apply_prepared(dynemb_table *t, const int64_t *keys,
-                          const dynemb_ticket *tickets, size_t n,
-                          const float *grads, float learning_rate,
-                          dynemb_apply_stats *stats) {
-  if (!t || (n > 0 && !tickets)) {
+                 const dynemb_apply_opts *opts, dynemb_apply_stats *stats) {
+  const dynemb_ticket *tickets = opts ? opts->tickets : NULL;
+  const int filtered = opts && opts->filtered;
+  if (!t || (tickets && filtered) ||
+      (filtered && opts->n_trainable && !opts->trainable)) {
     dynemb_error_clear();
     if (stats) memset(stats, 0, sizeof *stats);
-    if (!t) return dynemb_table_null_error("dynemb_apply_prepared");
-    return dynemb_error_set(DYNEMB_EINVAL,
-                            "table '%s': prepared apply of %zu keys got a "
-                            "NULL tickets buffer; pass the tickets of "
-                            "dynemb_prepare",
-                            t->name, n);
-  }
-  return apply_impl(t, keys, n, grads, learning_rate, NULL, tickets, stats);
-}
-
-int dynemb_apply_filtered(dynemb_table *t, const int64_t *keys, size_t n,
-                          const float *grads, float learning_rate,
-                          const int64_t *trainable, size_t n_trainable,
-                          dynemb_apply_stats *stats) {
-  dynemb_error_clear();
-  if (stats) memset(stats, 0, sizeof *stats);
-  if (!t) return dynemb_table_null_error("dynemb_apply_filtered");
-  if (n_trainable && !trainable)
+    if (!t) return dynemb_table_null_error("dynemb_apply");
+    if (tickets && filtered)
+      return dynemb_error_set(DYNEMB_EINVAL,
+                              "table '%s': apply got both tickets and a "
+                              "trainable-keys filter; a prepared batch's "
+                              "tickets already say which keys train: pass "
+                              "one of them",
+                              t->name);
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': apply got %zu trainable keys but a "
                             "NULL buffer for them",
-                            t->name, n_trainable);
+                            t->name, opts->n_trainable);
+  }
+  if (!filtered)
+    return apply_impl(t, keys, n, grads, learning_rate, NULL, tickets, stats);
   key_set ks = {0};
-  if (key_set_build(&ks, trainable, n_trainable)) {
+  if (key_set_build(&ks, opts->trainable, opts->n_trainable)) {
     key_set_free(&ks);
+    dynemb_error_clear();
+    if (stats) memset(stats, 0, sizeof *stats);
     return dynemb_error_set(DYNEMB_ENOMEM,
                             "table '%s': out of memory for %zu trainable keys "
                             "of an apply",
-                            t->name, n_trainable);
+                            t->name, opts->n_trainable);
   }
   int rc = apply_impl(t, keys, n, grads, learning_rate, &ks, NULL, stats);
   key_set_free(&ks);
@@ -269,7 +260,7 @@ static int ssd_apply_row(dynemb_table *t, const dynemb_optim_step *ostep,
  * Only the unique keys are sorted and probed: training batches repeat most
  * of their keys (bench/tf_train.py's: 30% unique). */
 /* `trainable` NULL: every key with a row may train; else only its keys.
- * `tickets` NULL: rows are found by key; else (dynemb_apply_prepared) only
+ * `tickets` NULL: rows are found by key; else (a prepared batch) only
  * keys admitted by a ticket train, at the ticket's place while it is
  * current. */
 static int apply_impl(dynemb_table *t, const int64_t *keys, size_t n,

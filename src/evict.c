@@ -79,21 +79,19 @@ static int evict_start(dynemb_table *t, int64_t *now, size_t *evicted,
   return dynemb_table_check_now(t, *now);
 }
 
-int dynemb_evict(dynemb_table *t, int64_t now, size_t *evicted) {
+int dynemb_evict(dynemb_table *t, int64_t now, int64_t threshold,
+                 size_t *evicted) {
   int rc = evict_start(t, &now, evicted, "dynemb_evict");
   if (rc) return rc;
-  int64_t thr = LOAD(&t->eviction_threshold);
-  return thr > 0 ? evict_older(t, now, thr, evicted) : DYNEMB_OK;
-}
-
-int dynemb_evict_older_than(dynemb_table *t, int64_t now, int64_t threshold,
-                            size_t *evicted) {
-  int rc = evict_start(t, &now, evicted, "dynemb_evict_older_than");
-  if (rc) return rc;
+  if (threshold == DYNEMB_TABLE_THRESHOLD) { /* (the table's 0 is off) */
+    int64_t thr = LOAD(&t->eviction_threshold);
+    return thr > 0 ? evict_older(t, now, thr, evicted) : DYNEMB_OK;
+  }
   if (threshold < 0)
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': eviction threshold %lld is negative; "
-                            "pass 0 or more",
+                            "pass 0 or more, or DYNEMB_TABLE_THRESHOLD for "
+                            "the table's",
                             t->name, (long long)threshold);
   return evict_older(t, now, threshold, evicted);
 }

@@ -339,52 +339,35 @@ static int lookup_impl(dynemb_table *t, const int64_t *keys, size_t n,
   return rc;
 }
 
-int dynemb_lookup_weighted(dynemb_table *t, const int64_t *keys, size_t n,
-                           int mode, int64_t now, uint32_t weight, float *out) {
+/* A zeroed or absent options struct weighs each sighting one. */
+static uint32_t weight_of(const dynemb_lookup_opts *opts) {
+  return opts && opts->weight ? opts->weight : 1;
+}
+
+int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
+                  int64_t now, const dynemb_lookup_opts *opts, float *out,
+                  dynemb_ticket *tickets) {
   if (t && n && keys && !out) {
     dynemb_error_clear();
     return dynemb_error_set(DYNEMB_EINVAL, "table '%s': lookup of %zu keys got "
                             "a NULL output buffer; pass valid keys and output "
                             "buffers", t->name, n);
   }
-  return lookup_impl(t, keys, n, mode, now, weight, out, NULL,
+  return lookup_impl(t, keys, n, mode, now, weight_of(opts), out, tickets,
                      "dynemb_lookup");
 }
 
-int dynemb_lookup_tickets(dynemb_table *t, const int64_t *keys, size_t n,
-                          int mode, int64_t now, uint32_t weight, float *out,
-                          dynemb_ticket *tickets) {
-  if (t && n && keys && (!out || !tickets)) {
-    dynemb_error_clear();
-    return dynemb_error_set(DYNEMB_EINVAL, "table '%s': lookup of %zu keys got "
-                            "a NULL %s buffer; pass valid buffers", t->name, n,
-                            out ? "tickets" : "output");
-  }
-  return lookup_impl(t, keys, n, mode, now, weight, out, tickets,
-                     "dynemb_lookup");
-}
-
-int dynemb_lookup(dynemb_table *t, const int64_t *keys, size_t n, int mode,
-                  int64_t now, float *out) {
-  return dynemb_lookup_weighted(t, keys, n, mode, now, 1, out);
-}
-
-int dynemb_prepare_weighted(dynemb_table *t, const int64_t *keys, size_t n,
-                            int mode, int64_t now, uint32_t weight,
-                            dynemb_ticket *tickets) {
+int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
+                   int64_t now, const dynemb_lookup_opts *opts,
+                   dynemb_ticket *tickets) {
   if (t && n && keys && !tickets) {
     dynemb_error_clear();
     return dynemb_error_set(DYNEMB_EINVAL, "table '%s': prepare of %zu keys "
                             "got a NULL tickets buffer; pass room for one "
                             "ticket per key", t->name, n);
   }
-  return lookup_impl(t, keys, n, mode, now, weight, NULL, tickets,
+  return lookup_impl(t, keys, n, mode, now, weight_of(opts), NULL, tickets,
                      "dynemb_prepare");
-}
-
-int dynemb_prepare(dynemb_table *t, const int64_t *keys, size_t n, int mode,
-                   int64_t now, dynemb_ticket *tickets) {
-  return dynemb_prepare_weighted(t, keys, n, mode, now, 1, tickets);
 }
 
 /* dynemb_lookup_prepared: rows copied from their tickets' places under the
@@ -485,14 +468,8 @@ static int lookup_prepared_part(dynemb_table *t, const int64_t *keys,
 }
 
 int dynemb_lookup_prepared(dynemb_table *t, const int64_t *keys,
-                           const dynemb_ticket *tickets, size_t n,
-                           float *out) {
-  return dynemb_lookup_prepared_found(t, keys, tickets, n, out, NULL);
-}
-
-int dynemb_lookup_prepared_found(dynemb_table *t, const int64_t *keys,
-                                 const dynemb_ticket *tickets, size_t n,
-                                 float *out, unsigned char *found) {
+                           const dynemb_ticket *tickets, size_t n, float *out,
+                           unsigned char *found) {
   dynemb_error_clear();
   if (!t) return dynemb_table_null_error("dynemb_lookup_prepared");
   if (n == 0) return DYNEMB_OK;
@@ -514,4 +491,3 @@ int dynemb_lookup_prepared_found(dynemb_table *t, const int64_t *keys,
   if (lc.on_ssd) ADD(&t->n_ssd_lookups, lc.on_ssd);
   return rc;
 }
-

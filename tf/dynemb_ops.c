@@ -19,20 +19,20 @@
  *                 tickets of the prepared batch, dynemb_lookup_prepared)
  *                 -> float [n, dim], and has_row bool ([n] with attr
  *                 `found`, else [0]): which ids read a row (the others the
- *                 default: not admitted, unknown), dynemb_lookup_tickets
+ *                 default: not admitted, unknown), dynemb_lookup's tickets
  *   DynembPrepare ids, now -> tickets int64 (ids' shape; -1 =
  *                 DYNEMB_NOT_ADMITTED): dynemb_prepare
  *   (Both: attr faae_coefficient, the sightings one occurrence counts for
- *   admission: dynemb_lookup_weighted / dynemb_prepare_weighted.)
+ *   admission: dynemb_lookup_opts.weight.)
  *   DynembApply   keys int64 [n], grads float [n, dim], learning_rate float
  *                 scalar, trainable int64 [m] (any order; used only when
  *                 attr use_trainable is set by a graph rewrite: the keys
- *                 whose gradients may be applied, dynemb_apply_filtered),
+ *                 whose gradients may be applied: a filtered dynemb_apply),
  *                 tickets int64 [n] (used only when attr use_tickets is
- *                 set: one admission ticket per key, dynemb_apply_prepared)
+ *                 set: one admission ticket per key, dynemb_apply_opts.tickets)
  *                 -> applied int64 scalar
  *   DynembEvict   now int64 scalar -> evicted int64 scalar (attr threshold:
- *                 -1, the table's; >= 0, that one: dynemb_evict_older_than)
+ *                 -1, the table's; >= 0, that one: dynemb_evict's threshold)
  *   DynembExport  -> meta int64[3] (dim, row_floats, optimizer kind), keys,
  *                 values [rows, row_floats], last_access, cand_keys,
  *                 cand_counts, cand_last_access, apply_steps (scalar)
@@ -283,24 +283,19 @@ static void lookup_compute(void *p, TF_OpKernelContext *ctx) {
       goto done;
     }
     /* int64 -1 is DYNEMB_NOT_ADMITTED (UINT64_MAX): same bits */
-    rc = dynemb_lookup_prepared_found(
+    rc = dynemb_lookup_prepared(
         t, keys, TF_TensorData(tickets), (size_t)n, TF_TensorData(out),
         k->found ? (unsigned char *)TF_TensorData(has) : NULL);
-  } else if (k->found) {
-    if (!(own = malloc((size_t)n * sizeof *own))) {
+  } else {
+    if (k->found && !(own = malloc((size_t)n * sizeof *own))) {
       fail(ctx, TF_RESOURCE_EXHAUSTED, "dynemb lookup: out of memory");
       goto done;
     }
-    which = own;
-    rc = dynemb_lookup_tickets(
-        t, keys, (size_t)n,
-        k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL, now,
-        (uint32_t)k->weight, TF_TensorData(out), own);
-  } else {
-    rc = dynemb_lookup_weighted(
-        t, keys, (size_t)n,
-        k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL, now,
-        (uint32_t)k->weight, TF_TensorData(out));
+    which = own; /* (NULL unless found: the engine then writes no tickets) */
+    const dynemb_lookup_opts o = {.weight = (uint32_t)k->weight};
+    rc = dynemb_lookup(t, keys, (size_t)n,
+                       k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL,
+                       now, &o, TF_TensorData(out), own);
   }
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "lookup");
@@ -350,8 +345,9 @@ static void prepare_compute(void *p, TF_OpKernelContext *ctx) {
       ids_as_int64(ctx, k->table_name, ids, n, "prepare", &wide);
   if (!keys) goto done;
   const int mode = k->is_train ? DYNEMB_LOOKUP_TRAIN : DYNEMB_LOOKUP_EVAL;
-  int rc = dynemb_prepare_weighted(t, keys, (size_t)n, mode, now,
-                                   (uint32_t)k->weight, TF_TensorData(out));
+  int rc = dynemb_prepare(t, keys, (size_t)n, mode, now,
+                          &(dynemb_lookup_opts){.weight = (uint32_t)k->weight},
+                          TF_TensorData(out));
   if (rc != DYNEMB_OK) fail_engine(ctx, rc, "prepare");
 done:
   free(wide);
@@ -400,17 +396,15 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
     goto done;
   }
   dynemb_apply_stats s = {0};
-  int rc = k->use_tickets
-               ? dynemb_apply_prepared(t, TF_TensorData(keys),
-                                       TF_TensorData(tickets), (size_t)n,
-                                       TF_TensorData(grads), lr, &s)
-           : k->use_trainable
-               ? dynemb_apply_filtered(
-                     t, TF_TensorData(keys), (size_t)n, TF_TensorData(grads),
-                     lr, TF_TensorData(trainable),
-                     (size_t)TF_TensorElementCount(trainable), &s)
-               : dynemb_apply(t, TF_TensorData(keys), (size_t)n,
-                              TF_TensorData(grads), lr, &s);
+  dynemb_apply_opts o = {0};
+  if (k->use_tickets) o.tickets = TF_TensorData(tickets);
+  if (k->use_trainable) {
+    o.filtered = 1;
+    o.trainable = TF_TensorData(trainable);
+    o.n_trainable = (size_t)TF_TensorElementCount(trainable);
+  }
+  int rc = dynemb_apply(t, TF_TensorData(keys), (size_t)n,
+                        TF_TensorData(grads), lr, &o, &s);
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "apply");
     goto done;
@@ -439,8 +433,8 @@ static void evict_compute(void *p, TF_OpKernelContext *ctx) {
   if (!(t = find_table(ctx, k, "evict"))) goto done;
   size_t evicted = 0;
   int rc = k->threshold < 0
-               ? dynemb_evict(t, now, &evicted)
-               : dynemb_evict_older_than(t, now, k->threshold, &evicted);
+               ? dynemb_evict(t, now, DYNEMB_TABLE_THRESHOLD, &evicted)
+               : dynemb_evict(t, now, k->threshold, &evicted);
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "evict");
     goto done;

@@ -341,7 +341,8 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
   memset(defaults, 0, total * sizeof *defaults);
   int rc = DYNEMB_OK;
   if (!k->is_train && !found) { /* reads only: every occurrence alike */
-    rc = total ? dynemb_lookup(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, rows)
+    rc = total ? dynemb_lookup(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, NULL,
+                               rows, NULL)
                : DYNEMB_OK;
     free(ukeys);
     return rc;
@@ -350,8 +351,8 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
     dynemb_ticket *tk = malloc((total ? total : 1) * sizeof *tk);
     rc = tk ? DYNEMB_OK : DYNEMB_ENOMEM;
     if (!rc && total) /* (rows and which keys have one: one pass) */
-      rc = dynemb_lookup_tickets(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, 1,
-                                 rows, tk);
+      rc = dynemb_lookup(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0,
+                         &(dynemb_lookup_opts){.weight = 1}, rows, tk);
     for (size_t g = 0; !rc && g < total; g++)
       defaults[g] = tk[g] == DYNEMB_NOT_ADMITTED ? UINT32_MAX : 0;
     free(tk);
@@ -372,8 +373,9 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
         each[e++] = ukeys[a[r].first + (size_t)j];
   /* (also with no keys; the engine then leaves the table as it is) */
   if (!rc)
-    rc = dynemb_prepare_weighted(t, each, expanded, DYNEMB_LOOKUP_TRAIN, now,
-                                 (uint32_t)k->weight, tickets);
+    rc = dynemb_prepare(t, each, expanded, DYNEMB_LOOKUP_TRAIN, now,
+                        &(dynemb_lookup_opts){.weight = (uint32_t)k->weight},
+                        tickets);
   /* A key's occurrences that came before its admission are the first ones
    * (once admitted within a call it stays so): count them, and read the row
    * through the first admitted occurrence's ticket. */
@@ -392,7 +394,7 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
   unsigned char *has = found && total ? malloc(total) : NULL;
   if (!rc && found && total && !has) rc = DYNEMB_ENOMEM;
   if (!rc && total)
-    rc = dynemb_lookup_prepared_found(t, ukeys, pick, total, rows, has);
+    rc = dynemb_lookup_prepared(t, ukeys, pick, total, rows, has);
   for (int r = 0; !rc && has && r < n; r++)
     for (int64_t j = 0; j < a[r].u; j++) {
       size_t g = a[r].first + (size_t)j;
@@ -427,7 +429,8 @@ static float *default_row(TF_OpKernelContext *ctx, dynemb_table *t,
                           const int64_t *key, size_t row_bytes) {
   const dynemb_ticket none = DYNEMB_NOT_ADMITTED;
   float *def = malloc(row_bytes ? row_bytes : 1);
-  int rc = def ? dynemb_lookup_prepared(t, key, &none, 1, def) : DYNEMB_ENOMEM;
+  int rc =
+      def ? dynemb_lookup_prepared(t, key, &none, 1, def, NULL) : DYNEMB_ENOMEM;
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "sharded lookup");
     free(def);
@@ -839,7 +842,7 @@ static void apply_compute(void *p, TF_OpKernelContext *ctx) {
   /* Called with no keys too: a step counts for every rank's table (lazy
    * Adam's bias correction reads the table's step count). */
   dynemb_apply_stats s = {0};
-  int rc = dynemb_apply(t, okeys, n_owned, ograds, lr, &s);
+  int rc = dynemb_apply(t, okeys, n_owned, ograds, lr, NULL, &s);
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "sharded apply");
     goto done;

@@ -686,18 +686,23 @@ static int run_batch(worker *w, size_t bi, uint64_t *unique) {
     gather_prefetch(b->flat, b->o.dim, pos, B, w->out);
     return DYNEMB_OK;
   case PH_LOOKUP_TRAIN:
-    return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_TRAIN, 1, w->out);
+    return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_TRAIN, 1, NULL,
+                         w->out, NULL);
   case PH_LOOKUP_EVAL:
-    return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_EVAL, 1, w->out);
+    return dynemb_lookup(w->table, keys, B, DYNEMB_LOOKUP_EVAL, 1, NULL, w->out,
+                         NULL);
   case PH_LOOKUP_PREPARED:
-    return dynemb_lookup_prepared(w->table, keys, w->tickets + bi * B, B, w->out);
+    return dynemb_lookup_prepared(w->table, keys, w->tickets + bi * B, B,
+                                  w->out, NULL);
   case PH_APPLY:
   case PH_APPLY_PREPARED: {
     dynemb_apply_stats st;
-    int rc = w->phase == PH_APPLY
-                 ? dynemb_apply(w->table, keys, B, w->grads, BENCH_LR, &st)
-                 : dynemb_apply_prepared(w->table, keys, w->tickets + bi * B, B,
-                                       w->grads, BENCH_LR, &st);
+    int rc =
+        w->phase == PH_APPLY
+            ? dynemb_apply(w->table, keys, B, w->grads, BENCH_LR, NULL, &st)
+            : dynemb_apply(w->table, keys, B, w->grads, BENCH_LR,
+                           &(dynemb_apply_opts){.tickets = w->tickets + bi * B},
+                           &st);
     *unique += st.unique_keys;
     return rc;
   }
@@ -734,7 +739,7 @@ static void run_insert(worker *w) {
       memset(b->touch + p * b->row_bytes, 1, m * b->row_bytes);
     else
       rc = dynemb_lookup(w->table, b->all_keys + p, m, DYNEMB_LOOKUP_TRAIN, 0,
-                         w->out);
+                         NULL, w->out, NULL);
     double dt = now_s() - c0, du = thread_cpu_s() - u0;
     if (rc != DYNEMB_OK) {
       w->rc = rc;
@@ -1503,8 +1508,8 @@ int dynemb_cmd_bench(int argc, char **argv) {
   for (int i = 0; i < o->threads; i++) {
     size_t per = b.pool_batches * o->batch;
     ws[i].tickets = xmalloc(per * sizeof(uint64_t), "tickets");
-    int rc = dynemb_prepare(b.table, ws[i].keys, per,
-                                  DYNEMB_LOOKUP_TRAIN, 1, ws[i].tickets);
+    int rc = dynemb_prepare(b.table, ws[i].keys, per, DYNEMB_LOOKUP_TRAIN, 1,
+                            NULL, ws[i].tickets);
     if (rc) die_engine("dynemb_prepare", rc);
   }
   r.prepared =

@@ -17,9 +17,9 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 3 * 4; i++) grads[i] = 1.0f;
   dynemb_table *t = NULL;
   int failed = !dir || dynemb_table_create(&cfg, &t) ||
-               dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_TRAIN, 1, before) ||
-               dynemb_apply(t, keys, 3, grads, 0.1f, NULL) || /* row -= 0.1 * sum */
-               dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_EVAL, 1, after) ||
+               dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_TRAIN, 1, NULL, before, NULL) ||
+               dynemb_apply(t, keys, 3, grads, 0.1f, NULL, NULL) || /* row -= 0.1 * sum */
+               dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_EVAL, 1, NULL, after, NULL) ||
                dynemb_checkpoint_save(dir, &t, 1);
   if (failed) fprintf(stderr, "dynemb: %s\n", dynemb_last_error());
   else printf("key 7: %.4f -> %.4f (moved %+.4f); %llu rows saved in %s\n", before[0],

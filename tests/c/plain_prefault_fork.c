@@ -26,7 +26,8 @@ static int grow(dynemb_table *t, int64_t base) {
   for (int i = 0; ok && i < ROWS; i += BATCH) {
     int n = ROWS - i < BATCH ? ROWS - i : BATCH;
     for (int j = 0; j < n; j++) keys[j] = base + i + j;
-    ok = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, 1, out) == DYNEMB_OK;
+    ok = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, 1, NULL, out,
+                       NULL) == DYNEMB_OK;
   }
   free(out);
   return ok;

@@ -1,5 +1,5 @@
 /*
- * test_apply_filtered.c -- dynemb_apply_filtered updates exactly the rows a
+ * test_apply_filtered.c -- the filtered dynemb_apply updates exactly the rows a
  * plain dynemb_apply of the trainable keys' gradients updates, and counts the
  * others as dropped. Reference: a twin table that gets only the trainable
  * occurrences through dynemb_apply.
@@ -36,8 +36,8 @@ static void filtered_equals_plain_apply_of_trainable_keys(void) {
   srand(5);
   for (int i = 0; i < N; i++) keys[i] = (rand() % K) * 7919 - 100000;
   /* every key gets a row in both tables */
-  CHECK_OK(dynemb_lookup(a, keys, N, DYNEMB_LOOKUP_TRAIN, 0, out));
-  CHECK_OK(dynemb_lookup(b, keys, N, DYNEMB_LOOKUP_TRAIN, 0, out));
+  CHECK_OK(dynemb_lookup(a, keys, N, DYNEMB_LOOKUP_TRAIN, 0, NULL, out, NULL));
+  CHECK_OK(dynemb_lookup(b, keys, N, DYNEMB_LOOKUP_TRAIN, 0, NULL, out, NULL));
   for (int step = 0; step < 5; step++) {
     int64_t trainable[K];
     size_t na = 0;
@@ -55,8 +55,12 @@ static void filtered_equals_plain_apply_of_trainable_keys(void) {
       }
     }
     dynemb_apply_stats sa, sb;
-    CHECK_OK(dynemb_apply_filtered(a, keys, N, grads, -1.0f, trainable, na, &sa));
-    CHECK_OK(dynemb_apply(b, kept, nk, kept_grads, -1.0f, &sb));
+    CHECK_OK(dynemb_apply(
+        a, keys, N, grads, -1.0f,
+        &(dynemb_apply_opts){
+            .filtered = 1, .trainable = trainable, .n_trainable = na},
+        &sa));
+    CHECK_OK(dynemb_apply(b, kept, nk, kept_grads, -1.0f, NULL, &sb));
     CHECK(sa.applied == sb.applied);
     CHECK(sa.dropped_unknown == sa.unique_keys - sb.unique_keys);
   }
@@ -69,10 +73,16 @@ static void filtered_equals_plain_apply_of_trainable_keys(void) {
   dynemb_snapshot_free(&y);
   /* an empty trainable set drops everything */
   dynemb_apply_stats s;
-  CHECK_OK(dynemb_apply_filtered(a, keys, N, grads, -1.0f, NULL, 0, &s));
+  CHECK_OK(dynemb_apply(
+      a, keys, N, grads, -1.0f,
+      &(dynemb_apply_opts){.filtered = 1, .trainable = NULL, .n_trainable = 0},
+      &s));
   CHECK(s.applied == 0 && s.dropped_unknown == s.unique_keys);
   int64_t two[3] = {keys[7], keys[3], keys[7]}; /* any order, repeats */
-  CHECK_OK(dynemb_apply_filtered(a, keys, N, grads, -1.0f, two, 3, &s));
+  CHECK_OK(dynemb_apply(
+      a, keys, N, grads, -1.0f,
+      &(dynemb_apply_opts){.filtered = 1, .trainable = two, .n_trainable = 3},
+      &s));
   CHECK(s.applied == (keys[3] == keys[7] ? 1u : 2u));
   dynemb_table_release(a);
   dynemb_table_release(b);

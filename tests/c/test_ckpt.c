@@ -822,13 +822,14 @@ static void train(dynemb_table *t, int64_t rows, int64_t cands) {
   int64_t *keys = malloc((size_t)n * sizeof *keys);
   float *out = malloc((size_t)n * (size_t)dim * sizeof *out);
   for (int64_t i = 0; i < n; i++) keys[i] = i * 7919 - 100000;
-  CHECK_OK(dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, 100, out));
+  CHECK_OK(dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, 100, NULL,
+                         out, NULL));
   for (int step = 0; step < 3; step++) {
     CHECK_OK(dynemb_lookup(t, keys, (size_t)rows, DYNEMB_LOOKUP_TRAIN,
-                           200 + step, out));
+                           200 + step, NULL, out, NULL));
     for (int64_t i = 0; i < rows * dim; i++)
       out[i] = (float)((double)(rnd() % 2001) / 1000.0 - 1.0);
-    CHECK_OK(dynemb_apply(t, keys, (size_t)rows, out, -1.0f, NULL));
+    CHECK_OK(dynemb_apply(t, keys, (size_t)rows, out, -1.0f, NULL, NULL));
   }
   free(keys);
   free(out);

@@ -140,10 +140,11 @@ static void round_of(dynemb_table *t, int64_t now, int64_t space, size_t n) {
   int64_t *k = malloc(n * sizeof *k);
   float *out = malloc(n * (size_t)dim * sizeof *out);
   for (size_t i = 0; i < n; i++) k[i] = (int64_t)(rnd() % (uint64_t)space) - space / 3;
-  CHECK_OK(dynemb_lookup(t, k, n, DYNEMB_LOOKUP_TRAIN, now, out));
+  CHECK_OK(dynemb_lookup(t, k, n, DYNEMB_LOOKUP_TRAIN, now, NULL, out, NULL));
   for (size_t i = 0; i < n * (size_t)dim; i++) out[i] = (float)(rnd() % 200) / 100.0f - 1.0f;
-  CHECK_OK(dynemb_apply(t, k, n / 2, out, -1.0f, NULL));
-  if (now % 3 == 0) CHECK_OK(dynemb_evict(t, now, NULL));
+  CHECK_OK(dynemb_apply(t, k, n / 2, out, -1.0f, NULL, NULL));
+  if (now % 3 == 0)
+    CHECK_OK(dynemb_evict(t, now, DYNEMB_TABLE_THRESHOLD, NULL));
   free(k);
   free(out);
 }
@@ -219,13 +220,14 @@ static void test_delta_size(void) {
   float *g = malloc((size_t)ROWS * DIM * sizeof *g);
   for (int i = 0; i < ROWS; i++) k[i] = (int64_t)i * 31 + 7;
   for (int pass = 0; pass < 2; pass++) /* admitted */
-    CHECK_OK(dynemb_lookup(t, k, ROWS, DYNEMB_LOOKUP_TRAIN, 1, g));
+    CHECK_OK(dynemb_lookup(t, k, ROWS, DYNEMB_LOOKUP_TRAIN, 1, NULL, g, NULL));
   char full[600], delta[600];
   path_in(full, sizeof full, "size-full");
   path_in(delta, sizeof delta, "size-delta");
   CHECK_OK(dynemb_checkpoint_save_incremental(full, &t, 1, 0, NULL));
   for (int i = 0; i < ROWS / 100 * DIM; i++) g[i] = 0.5f;
-  CHECK_OK(dynemb_apply(t, k, ROWS / 100, g, -1.0f, NULL)); /* 1% of rows */
+  CHECK_OK(
+      dynemb_apply(t, k, ROWS / 100, g, -1.0f, NULL, NULL)); /* 1% of rows */
   int is_delta = 0;
   CHECK_OK(dynemb_checkpoint_save_incremental(delta, &t, 1, 0, &is_delta));
   uint64_t fb = dir_bytes(full), db = dir_bytes(delta);
@@ -407,7 +409,7 @@ static void test_chain_load_is_a_full_load(void) {
   CHECK_OK(dynemb_table_create(&c, &w));
   int64_t k[3] = {1, 2, 3};
   float out[6];
-  CHECK_OK(dynemb_lookup(w, k, 3, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(dynemb_lookup(w, k, 3, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   CHECK_RC(dynemb_checkpoint_load(d1, w, "delta_merge", DYNEMB_IMPORT_REPLACE, 0, 1),
            DYNEMB_ECAPACITY);
   CHECK(dynemb_table_size(w) == 3);
@@ -430,12 +432,12 @@ static void test_long_chain(void) {
   char d[600], last[600];
   int64_t k = 5;
   float out[1], g[1] = {1.0f}; /* (each link's one change: a gradient step) */
-  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, out));
-  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
+  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   int deltas = 0;
   for (int i = 0; i < LINKS; i++) {
     snprintf(d, sizeof d, "%s/long-model-%06d", base, i);
-    CHECK_OK(dynemb_apply(t, &k, 1, g, -1.0f, NULL));
+    CHECK_OK(dynemb_apply(t, &k, 1, g, -1.0f, NULL, NULL));
     int is_delta = 0;
     CHECK_OK(dynemb_checkpoint_save_incremental(d, &t, 1, 0, &is_delta));
     deltas += is_delta;

@@ -301,11 +301,13 @@ static void run_model(int shards, uint32_t thr0, int steps, uint64_t host) {
       int rc;
       const int via_prepare = (int)rn(2);
       if (!via_prepare) {
-        rc = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, now, out);
+        rc = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, now, NULL,
+                           out, NULL);
       } else {
-        rc = dynemb_prepare(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN,
-                                  now, p_tickets);
-        if (!rc) rc = dynemb_lookup_prepared(t, keys, p_tickets, (size_t)n, out);
+        rc = dynemb_prepare(t, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, now, NULL,
+                            p_tickets);
+        if (!rc)
+          rc = dynemb_lookup_prepared(t, keys, p_tickets, (size_t)n, out, NULL);
         p_n = n;
         memcpy(p_ids, ids, sizeof ids);
         memcpy(p_keys, keys, sizeof keys);
@@ -326,10 +328,12 @@ static void run_model(int shards, uint32_t thr0, int steps, uint64_t host) {
       dynemb_ticket eh[MAXB];
       const int via_prepare = (int)rn(2);
       if (!via_prepare) {
-        rc = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, out);
+        rc = dynemb_lookup(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, NULL,
+                           out, NULL);
       } else {
-        rc = dynemb_prepare(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, eh);
-        if (!rc) rc = dynemb_lookup_prepared(t, keys, eh, (size_t)n, out);
+        rc = dynemb_prepare(t, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, now, NULL,
+                            eh);
+        if (!rc) rc = dynemb_lookup_prepared(t, keys, eh, (size_t)n, out, NULL);
         c.lookups += (uint64_t)n;
         for (int i = 0; i < n; i++) c.hits += eh[i] != DYNEMB_NOT_ADMITTED;
       }
@@ -344,8 +348,10 @@ static void run_model(int shards, uint32_t thr0, int steps, uint64_t host) {
       for (int i = 0; i < n * DIM; i++) g[i] = (float)((int)rn(17) - 8) * 0.25f;
       float lr = rn(2) ? -1.0f : 0.5f;
       dynemb_apply_stats as;
-      int rc = prepared ? dynemb_apply_prepared(t, p_keys, p_tickets, (size_t)n, g, lr, &as)
-                      : dynemb_apply(t, keys, (size_t)n, g, lr, &as);
+      int rc = prepared ? dynemb_apply(
+                              t, p_keys, (size_t)n, g, lr,
+                              &(dynemb_apply_opts){.tickets = p_tickets}, &as)
+                        : dynemb_apply(t, keys, (size_t)n, g, lr, NULL, &as);
       uint64_t applied0 = c.applied, dropped0 = c.dropped;
       m_apply(&m, &c, prepared ? p_ids : ids, n, g, lr < 0 ? 0.125f : lr,
               prepared ? p_adm : NULL);
@@ -362,7 +368,7 @@ static void run_model(int shards, uint32_t thr0, int steps, uint64_t host) {
       }
       size_t ev = 0;
       uint64_t e0 = c.evicted;
-      CHECK_OK(dynemb_evict(t, now, &ev));
+      CHECK_OK(dynemb_evict(t, now, DYNEMB_TABLE_THRESHOLD, &ev));
       m_evict(&m, &c, now, evict_thr);
       if (ev != c.evicted - e0) bad++;
     } else if (op < 91) { /* admission threshold change */

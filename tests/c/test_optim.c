@@ -625,7 +625,7 @@ static dynemb_table *make_table(const char *name, int dim,
 /* Inserts `n` keys (train-mode lookup). */
 static void insert_keys(dynemb_table *t, const int64_t *keys, size_t n) {
   float *out = malloc(sizeof(float) * n * (size_t)dynemb_table_dim(t));
-  CHECK_OK(dynemb_lookup(t, keys, n, DYNEMB_LOOKUP_TRAIN, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, n, DYNEMB_LOOKUP_TRAIN, 0, NULL, out, NULL));
   free(out);
 }
 
@@ -751,7 +751,7 @@ static void run_table_case(const opt_case *oc, int dim, int reps) {
 
     dynemb_apply_stats st;
     memset(&st, 0xff, sizeof st);
-    CHECK_OK(dynemb_apply(t, bkeys, n, grads, lr_arg, &st));
+    CHECK_OK(dynemb_apply(t, bkeys, n, grads, lr_arg, NULL, &st));
     if (st.unique_keys != (size_t)distinct + (size_t)with_unknown ||
         st.applied != (size_t)distinct ||
         st.dropped_unknown != (size_t)with_unknown ||
@@ -873,7 +873,7 @@ static void test_table_repeated_key_summed_once(void) {
       }
     }
     dynemb_apply_stats st;
-    CHECK_OK(dynemb_apply(t, keys, REP, grads, -1.0f, &st));
+    CHECK_OK(dynemb_apply(t, keys, REP, grads, -1.0f, NULL, &st));
     CHECK(st.unique_keys == 1 && st.applied == 1);
     CHECK_OK(dynemb_table_snapshot(t, &s1));
     if (s0.rows == 1 && s1.rows == 1) {
@@ -921,11 +921,11 @@ static void test_table_lazy_adam_step_count(void) {
   double g[DIM];
   widen(grad, g, DIM);
   /* step 1: key 1; steps 2..6: key 2 only; step 7: key 1 again. */
-  CHECK_OK(dynemb_apply(t, &keys[0], 1, grad, -1.0f, NULL));
+  CHECK_OK(dynemb_apply(t, &keys[0], 1, grad, -1.0f, NULL, NULL));
   ref_step(&o, w1, DIM, g, 0.01, 1);
   for (int s = 2; s <= 6; s++)
-    CHECK_OK(dynemb_apply(t, &keys[1], 1, grad, -1.0f, NULL));
-  CHECK_OK(dynemb_apply(t, &keys[0], 1, grad, -1.0f, NULL));
+    CHECK_OK(dynemb_apply(t, &keys[1], 1, grad, -1.0f, NULL, NULL));
+  CHECK_OK(dynemb_apply(t, &keys[0], 1, grad, -1.0f, NULL, NULL));
   ref_step(&o, w1, DIM, g, 0.01, 7);
   CHECK_OK(dynemb_table_snapshot(t, &s1));
   CHECK(s1.apply_steps == 7);
@@ -967,7 +967,7 @@ static void test_nonfinite_error_policy(void) {
   float grads[N * DIM];
   for (int i = 0; i < N * DIM; i++)
     grads[i] = rng_grad();
-  CHECK_OK(dynemb_apply(t, keys, N, grads, -1.0f, NULL)); /* step 1 */
+  CHECK_OK(dynemb_apply(t, keys, N, grads, -1.0f, NULL, NULL)); /* step 1 */
 
   for (int b = 0; b < 3; b++) {
     dynemb_snapshot s0, s1;
@@ -976,7 +976,8 @@ static void test_nonfinite_error_policy(void) {
     memcpy(bad, grads, sizeof bad);
     bad[2 * DIM + 3] = bad_values[b]; /* key 123456789, element 3 */
     dynemb_apply_stats st;
-    CHECK_RC(dynemb_apply(t, keys, N, bad, -1.0f, &st), DYNEMB_ENONFINITE);
+    CHECK_RC(dynemb_apply(t, keys, N, bad, -1.0f, NULL, &st),
+             DYNEMB_ENONFINITE);
     const char *msg = dynemb_last_error();
     if (!strstr(msg, "optim_nan_error") || !strstr(msg, "123456789")) {
       fprintf(stderr,
@@ -1001,7 +1002,7 @@ static void test_nonfinite_error_policy(void) {
     float g2[2 * DIM];
     for (int i = 0; i < 2 * DIM; i++)
       g2[i] = NAN;
-    int rc = dynemb_apply(t, k2, 2, g2, -1.0f, NULL);
+    int rc = dynemb_apply(t, k2, 2, g2, -1.0f, NULL, NULL);
     CHECK(rc == DYNEMB_ENONFINITE);
     CHECK_OK(dynemb_table_snapshot(t, &s1));
     CHECK(snapshots_equal(&s0, &s1));
@@ -1013,7 +1014,7 @@ static void test_nonfinite_error_policy(void) {
   {
     dynemb_snapshot s0, s1;
     CHECK_OK(dynemb_table_snapshot(t, &s0));
-    CHECK_OK(dynemb_apply(t, keys, N, grads, -1.0f, NULL));
+    CHECK_OK(dynemb_apply(t, keys, N, grads, -1.0f, NULL, NULL));
     CHECK_OK(dynemb_table_snapshot(t, &s1));
     CHECK(s1.apply_steps == 2);
     int bad = 0;
@@ -1064,7 +1065,7 @@ static void test_nonfinite_skip_policy(void) {
     dynemb_snapshot s0, s1;
     CHECK_OK(dynemb_table_snapshot(t, &s0));
     dynemb_apply_stats st;
-    CHECK_OK(dynemb_apply(t, keys, N, grads, -1.0f, &st));
+    CHECK_OK(dynemb_apply(t, keys, N, grads, -1.0f, NULL, &st));
     CHECK(st.unique_keys == 5);
     CHECK(st.applied == 2);
     CHECK(st.skipped_nonfinite == 3);
@@ -1124,7 +1125,7 @@ static void test_nonfinite_mostly_repeats(void) {
     dynemb_snapshot s0, s1;
     CHECK_OK(dynemb_table_snapshot(t, &s0));
     dynemb_apply_stats st;
-    int rc = dynemb_apply(t, keys, N, grads, -1.0f, &st);
+    int rc = dynemb_apply(t, keys, N, grads, -1.0f, NULL, &st);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", dynemb_last_error());
     CHECK_OK(dynemb_table_snapshot(t, &s1));
@@ -1173,16 +1174,16 @@ static void test_apply_argument_errors(void) {
   int64_t key = 3;
   float g[2] = {1.0f, 1.0f};
   insert_keys(t, &key, 1);
-  CHECK_RC(dynemb_apply(t, NULL, 1, g, -1.0f, NULL), DYNEMB_EINVAL);
-  CHECK_RC(dynemb_apply(t, &key, 1, NULL, -1.0f, NULL), DYNEMB_EINVAL);
-  CHECK_RC(dynemb_apply(t, &key, 1, g, NAN, NULL), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_apply(t, NULL, 1, g, -1.0f, NULL, NULL), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_apply(t, &key, 1, NULL, -1.0f, NULL, NULL), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_apply(t, &key, 1, g, NAN, NULL, NULL), DYNEMB_EINVAL);
   dynemb_table_stats ts;
   dynemb_table_get_stats(t, &ts);
   CHECK(ts.applied == 0 && ts.apply_steps == 0);
   /* lr 0 is valid and changes no embedding. */
   dynemb_snapshot s0, s1;
   CHECK_OK(dynemb_table_snapshot(t, &s0));
-  CHECK_OK(dynemb_apply(t, &key, 1, g, 0.0f, NULL));
+  CHECK_OK(dynemb_apply(t, &key, 1, g, 0.0f, NULL, NULL));
   CHECK_OK(dynemb_table_snapshot(t, &s1));
   CHECK(s0.rows == 1 && s1.rows == 1 &&
         !memcmp(s0.values, s1.values, sizeof(float) * 2));

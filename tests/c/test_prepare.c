@@ -5,8 +5,8 @@
  * keys not admitted at prepare time reading the default value (the
  * reference, written out in this test), also when rows are updated,
  * evicted (stale places), cleared or imported in between, and made-up
- * tickets stay inside the table. The prepared apply (dynemb_apply_prepared)
- * updates what dynemb_apply_filtered does with the batch's admitted keys as
+ * tickets stay inside the table. The prepared apply (dynemb_apply with tickets)
+ * updates what the filtered dynemb_apply does with the batch's admitted keys as
  * its trainable keys. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,8 +42,9 @@ static void test_prepare_matches_lookup(void) {
       rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
       keys[i] = (int64_t)(rng >> 33) % 97 - 40; /* repeats, negatives */
     }
-    CHECK_OK(dynemb_prepare(a, keys, 64, DYNEMB_LOOKUP_TRAIN, step, tk));
-    CHECK_OK(dynemb_lookup(b, keys, 64, DYNEMB_LOOKUP_TRAIN, step, out));
+    CHECK_OK(dynemb_prepare(a, keys, 64, DYNEMB_LOOKUP_TRAIN, step, NULL, tk));
+    CHECK_OK(
+        dynemb_lookup(b, keys, 64, DYNEMB_LOOKUP_TRAIN, step, NULL, out, NULL));
     for (int i = 0; i < 64; i++)
       CHECK((tk[i] != DYNEMB_NOT_ADMITTED) == (out[i * 3] != 0.0f));
   }
@@ -56,11 +57,11 @@ static void test_prepare_matches_lookup(void) {
   /* EVAL: no change; admitted = has a row. */
   int64_t probe[2] = {-40, 1000};
   dynemb_ticket tk2[2];
-  CHECK_OK(dynemb_prepare(a, probe, 2, DYNEMB_LOOKUP_EVAL, 0, tk2));
+  CHECK_OK(dynemb_prepare(a, probe, 2, DYNEMB_LOOKUP_EVAL, 0, NULL, tk2));
   CHECK(tk2[1] == DYNEMB_NOT_ADMITTED);
   dynemb_table_get_stats(a, &sb);
   CHECK(sb.size == sa.size && sb.candidates == sa.candidates);
-  CHECK_RC(dynemb_prepare(a, probe, 2, DYNEMB_LOOKUP_TRAIN, 0, NULL),
+  CHECK_RC(dynemb_prepare(a, probe, 2, DYNEMB_LOOKUP_TRAIN, 0, NULL, NULL),
            DYNEMB_EINVAL);
   dynemb_table_release(a);
   dynemb_table_release(b);
@@ -79,18 +80,18 @@ static void test_prepared_read_keeps_admission(void) {
   /* threshold 2: key 1's first occurrence is counted, its second admits */
   int64_t keys[4] = {1, 1, 3, 1};
   dynemb_ticket tk[4];
-  CHECK_OK(dynemb_prepare(t, keys, 4, DYNEMB_LOOKUP_TRAIN, 0, tk));
+  CHECK_OK(dynemb_prepare(t, keys, 4, DYNEMB_LOOKUP_TRAIN, 0, NULL, tk));
   CHECK(tk[0] == DYNEMB_NOT_ADMITTED && tk[1] != DYNEMB_NOT_ADMITTED);
   CHECK(tk[2] == DYNEMB_NOT_ADMITTED && tk[3] != DYNEMB_NOT_ADMITTED);
   /* a later batch admits key 3 */
   int64_t later[1] = {3};
   dynemb_ticket tl[1];
-  CHECK_OK(dynemb_prepare(t, later, 1, DYNEMB_LOOKUP_TRAIN, 1, tl));
+  CHECK_OK(dynemb_prepare(t, later, 1, DYNEMB_LOOKUP_TRAIN, 1, NULL, tl));
   CHECK(tl[0] != DYNEMB_NOT_ADMITTED && dynemb_table_size(t) == 2);
   float rows[6], out[12];
   const int64_t have[2] = {1, 3};
-  CHECK_OK(dynemb_lookup(t, have, 2, DYNEMB_LOOKUP_EVAL, 0, rows));
-  CHECK_OK(dynemb_lookup_prepared(t, keys, tk, 4, out));
+  CHECK_OK(dynemb_lookup(t, have, 2, DYNEMB_LOOKUP_EVAL, 0, NULL, rows, NULL));
+  CHECK_OK(dynemb_lookup_prepared(t, keys, tk, 4, out, NULL));
   for (int d = 0; d < 3; d++) {
     CHECK(out[d] == dflt[d]);         /* key 1, first occurrence */
     CHECK(out[3 + d] == rows[d]);     /* key 1, admitted: its row */
@@ -101,14 +102,14 @@ static void test_prepared_read_keeps_admission(void) {
   dynemb_table_stats st;
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 2 && st.candidates == 0);
-  CHECK_RC(dynemb_lookup_prepared(t, keys, NULL, 4, out), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_lookup_prepared(t, keys, NULL, 4, out, NULL), DYNEMB_EINVAL);
   /* which occurrences read a row, also once a row went since the prepare
    * (every row evicted: key 1's tickets are stale, it reads the default) */
   unsigned char found[4];
-  CHECK_OK(dynemb_lookup_prepared_found(t, keys, tk, 4, out, found));
+  CHECK_OK(dynemb_lookup_prepared(t, keys, tk, 4, out, found));
   CHECK(!found[0] && found[1] && !found[2] && found[3]);
-  CHECK_OK(dynemb_evict_older_than(t, 5, 0, NULL));
-  CHECK_OK(dynemb_lookup_prepared_found(t, keys, tk, 4, out, found));
+  CHECK_OK(dynemb_evict(t, 5, 0, NULL));
+  CHECK_OK(dynemb_lookup_prepared(t, keys, tk, 4, out, found));
   CHECK(!found[0] && !found[1] && !found[2] && !found[3]);
   for (int d = 0; d < 3; d++) CHECK(out[3 + d] == dflt[d]);
   dynemb_table_release(t);
@@ -122,7 +123,7 @@ enum { HB = 48, HD = 3, AHEAD = 3 };
  * (zeros: the tables' rows are drawn from [1, 2)). */
 static void masked_eval_lookup(dynemb_table *t, const int64_t *keys,
                                const uint8_t *adm, float *out) {
-  CHECK_OK(dynemb_lookup(t, keys, HB, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, HB, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   for (int i = 0; i < HB; i++)
     if (!adm[i]) memset(out + i * HD, 0, HD * sizeof *out);
 }
@@ -146,9 +147,10 @@ static void test_prepared_batches_match_reference(void) {
         keys[k][i] = (int64_t)(rng >> 33) % 61 - 20;
       }
       float rows[HB * HD];
-      CHECK_OK(dynemb_prepare(a, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step,
+      CHECK_OK(dynemb_prepare(a, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step, NULL,
                               tickets[k]));
-      CHECK_OK(dynemb_lookup(b, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step, rows));
+      CHECK_OK(dynemb_lookup(b, keys[k], HB, DYNEMB_LOOKUP_TRAIN, step, NULL,
+                             rows, NULL));
       for (int i = 0; i < HB; i++) {
         adm[k][i] = rows[i * HD] != 0.0f;
         CHECK((tickets[k][i] != DYNEMB_NOT_ADMITTED) == adm[k][i]);
@@ -159,8 +161,8 @@ static void test_prepared_batches_match_reference(void) {
     int k = s % AHEAD;
     if (s % 7 == 3) { /* rows leave their places between prepare and read */
       size_t ea = 0, eb = 0;
-      CHECK_OK(dynemb_evict(a, step, &ea));
-      CHECK_OK(dynemb_evict(b, step, &eb));
+      CHECK_OK(dynemb_evict(a, step, DYNEMB_TABLE_THRESHOLD, &ea));
+      CHECK_OK(dynemb_evict(b, step, DYNEMB_TABLE_THRESHOLD, &eb));
       CHECK(ea == eb);
       stale_rounds += ea > 0;
     }
@@ -176,7 +178,7 @@ static void test_prepared_batches_match_reference(void) {
       dynemb_snapshot_free(&snap);
     }
     float oa[HB * HD], ob[HB * HD], g[HB * HD];
-    CHECK_OK(dynemb_lookup_prepared(a, keys[k], tickets[k], HB, oa));
+    CHECK_OK(dynemb_lookup_prepared(a, keys[k], tickets[k], HB, oa, NULL));
     masked_eval_lookup(b, keys[k], adm[k], ob);
     CHECK(memcmp(oa, ob, sizeof oa) == 0);
     for (int i = 0; i < HB * HD; i++) g[i] = 0.01f * (float)(i % 5) - 0.02f;
@@ -185,9 +187,13 @@ static void test_prepared_batches_match_reference(void) {
     for (int i = 0; i < HB; i++)
       if (adm[k][i]) trainable[na++] = keys[k][i];
     dynemb_apply_stats st_a, st_b;
-    CHECK_OK(dynemb_apply_prepared(a, keys[k], tickets[k], HB, g, 0.5f, &st_a));
-    CHECK_OK(dynemb_apply_filtered(b, keys[k], HB, g, 0.5f, trainable, na,
-                                   &st_b));
+    CHECK_OK(dynemb_apply(a, keys[k], HB, g, 0.5f,
+                          &(dynemb_apply_opts){.tickets = tickets[k]}, &st_a));
+    CHECK_OK(dynemb_apply(
+        b, keys[k], HB, g, 0.5f,
+        &(dynemb_apply_opts){
+            .filtered = 1, .trainable = trainable, .n_trainable = na},
+        &st_b));
     CHECK(st_a.applied == st_b.applied && st_a.unique_keys == st_b.unique_keys);
     CHECK(st_a.dropped_unknown == st_b.dropped_unknown);
   }
@@ -203,16 +209,22 @@ static void test_prepared_batches_match_reference(void) {
   }
   junk[0] = 0;
   junk[1] = ((uint64_t)3 << 32) | 0xffffffu; /* shard 3, far past its rows */
-  CHECK_OK(dynemb_lookup_prepared(a, k2, junk, HB, o2));
-  CHECK_RC(dynemb_lookup_prepared(a, k2, NULL, HB, o2), DYNEMB_EINVAL);
+  CHECK_OK(dynemb_lookup_prepared(a, k2, junk, HB, o2, NULL));
+  CHECK_RC(dynemb_lookup_prepared(a, k2, NULL, HB, o2, NULL), DYNEMB_EINVAL);
   for (int i = 0; i < HB * HD; i++) o2[i] = 0.25f;
-  CHECK_OK(dynemb_apply_prepared(a, k2, junk, HB, o2, 0.1f, NULL));
-  CHECK_RC(dynemb_apply_prepared(a, k2, NULL, HB, o2, 0.1f, NULL),
+  CHECK_OK(dynemb_apply(a, k2, HB, o2, 0.1f,
+                        &(dynemb_apply_opts){.tickets = junk}, NULL));
+  /* (tickets and a filter together: each says which keys train) */
+  CHECK_RC(dynemb_apply(a, k2, HB, o2, 0.1f,
+                        &(dynemb_apply_opts){.tickets = junk, .filtered = 1},
+                        NULL),
            DYNEMB_EINVAL);
-  CHECK_RC(dynemb_apply_prepared(NULL, k2, junk, HB, o2, 0.1f, NULL),
+  CHECK(strstr(dynemb_last_error(), "both tickets and a trainable") != NULL);
+  CHECK_RC(dynemb_apply(NULL, k2, HB, o2, 0.1f,
+                        &(dynemb_apply_opts){.tickets = junk}, NULL),
            DYNEMB_EINVAL);
-  CHECK(strstr(dynemb_last_error(), "dynemb_apply_prepared") != NULL);
-  CHECK_RC(dynemb_prepare(a, k2, HB, DYNEMB_LOOKUP_TRAIN, 1, NULL),
+  CHECK(strstr(dynemb_last_error(), "dynemb_apply") != NULL);
+  CHECK_RC(dynemb_prepare(a, k2, HB, DYNEMB_LOOKUP_TRAIN, 1, NULL, NULL),
            DYNEMB_EINVAL);
   dynemb_table_release(a);
   dynemb_table_release(b);

@@ -75,9 +75,10 @@ static void test_rows_equal_eval_lookups(void) {
   float *out = malloc((size_t)KEYS * DIM * sizeof *out);
   for (int i = 0; i < KEYS; i++) k[i] = (int64_t)(i * 2654435761u % 100000) - 50000;
   for (int pass = 0; pass < 2; pass++) /* seen twice: admitted */
-    CHECK_OK(dynemb_lookup(t, k, KEYS, DYNEMB_LOOKUP_TRAIN, pass, out));
+    CHECK_OK(
+        dynemb_lookup(t, k, KEYS, DYNEMB_LOOKUP_TRAIN, pass, NULL, out, NULL));
   const int64_t once[2] = {777777, -777777}; /* seen once: candidates */
-  CHECK_OK(dynemb_lookup(t, once, 2, DYNEMB_LOOKUP_TRAIN, 3, out));
+  CHECK_OK(dynemb_lookup(t, once, 2, DYNEMB_LOOKUP_TRAIN, 3, NULL, out, NULL));
   const float dflt[DIM] = {0.5f, -2.0f, 7.25f};
   CHECK_OK(dynemb_table_set_default_value(t, dflt));
   CHECK(dynemb_table_size(t) == KEYS);
@@ -97,7 +98,8 @@ static void test_rows_equal_eval_lookups(void) {
     int ascending = 1;
     for (int i = 1; i < KEYS; i++) ascending &= ek[i - 1] < ek[i];
     CHECK(ascending);
-    CHECK_OK(dynemb_lookup(t, ek, KEYS, DYNEMB_LOOKUP_EVAL, 4, out));
+    CHECK_OK(
+        dynemb_lookup(t, ek, KEYS, DYNEMB_LOOKUP_EVAL, 4, NULL, out, NULL));
     int same = 1;
     for (size_t i = 0; i < (size_t)KEYS * DIM; i++)
       same &= memcmp(&out[i], &(float){le_float(rb + 4 * i)}, 4) == 0;
@@ -105,7 +107,7 @@ static void test_rows_equal_eval_lookups(void) {
     for (int j = 0; j < DIM; j++)
       CHECK(le_float(rb + 4 * ((size_t)KEYS * DIM + j)) == dflt[j]);
     /* what a key without a row reads is that last row */
-    CHECK_OK(dynemb_lookup(t, once, 1, DYNEMB_LOOKUP_EVAL, 4, out));
+    CHECK_OK(dynemb_lookup(t, once, 1, DYNEMB_LOOKUP_EVAL, 4, NULL, out, NULL));
     CHECK(memcmp(out, dflt, sizeof dflt) == 0);
     free(ek);
   }
@@ -143,7 +145,7 @@ static void test_failed_write_leaves_nothing(void) {
   if (!t) return;
   int64_t k[3] = {1, 2, 3};
   float out[6];
-  CHECK_OK(dynemb_lookup(t, k, 3, DYNEMB_LOOKUP_TRAIN, 0, out));
+  CHECK_OK(dynemb_lookup(t, k, 3, DYNEMB_LOOKUP_TRAIN, 0, NULL, out, NULL));
   char kp[512], rp[512];
   paths("f", kp, rp);
   snprintf(rp, sizeof rp, "%s/no-such-dir-%d/x.rows", tmpdir(), (int)getpid());

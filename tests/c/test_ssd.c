@@ -178,26 +178,35 @@ static void run_pair(int opt, int shards) {
      * advise their records first (ssd.h; the same rows must come out) */
     if (rnd() % 2) dynemb_ssd_note_faults(&b->ssd, 1, 0);
     if (op == 0) { /* train lookup */
-      CHECK_OK(dynemb_lookup(a, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, oa));
-      CHECK_OK(dynemb_lookup(b, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, ob));
+      CHECK_OK(dynemb_lookup(a, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step,
+                             NULL, oa, NULL));
+      CHECK_OK(dynemb_lookup(b, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step,
+                             NULL, ob, NULL));
     } else if (op == 1) { /* eval lookup: rows on SSD are read in place */
-      CHECK_OK(dynemb_lookup(a, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, step, oa));
-      CHECK_OK(dynemb_lookup(b, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, step, ob));
+      CHECK_OK(dynemb_lookup(a, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, step, NULL,
+                             oa, NULL));
+      CHECK_OK(dynemb_lookup(b, keys, (size_t)n, DYNEMB_LOOKUP_EVAL, step, NULL,
+                             ob, NULL));
     } else { /* prepare + prepared read + (prepared) apply, as a training step */
-      CHECK_OK(dynemb_prepare(a, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, tickets));
-      CHECK_OK(dynemb_lookup_prepared(a, keys, tickets, (size_t)n, oa));
-      CHECK_OK(dynemb_prepare(b, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step, tickets));
+      CHECK_OK(dynemb_prepare(a, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step,
+                              NULL, tickets));
+      CHECK_OK(dynemb_lookup_prepared(a, keys, tickets, (size_t)n, oa, NULL));
+      CHECK_OK(dynemb_prepare(b, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, step,
+                              NULL, tickets));
       /* another prepare in between moves rows: some tickets go stale */
       int64_t other[8];
       for (int i = 0; i < 8; i++) other[i] = (int64_t)(rnd() % KEYS) * 7919 - 1000;
       if (op == 3) {
-        CHECK_OK(dynemb_lookup(a, other, 8, DYNEMB_LOOKUP_TRAIN, step, g));
-        CHECK_OK(dynemb_lookup(b, other, 8, DYNEMB_LOOKUP_TRAIN, step, g));
+        CHECK_OK(dynemb_lookup(a, other, 8, DYNEMB_LOOKUP_TRAIN, step, NULL, g,
+                               NULL));
+        CHECK_OK(dynemb_lookup(b, other, 8, DYNEMB_LOOKUP_TRAIN, step, NULL, g,
+                               NULL));
       }
-      CHECK_OK(dynemb_lookup_prepared(b, keys, tickets, (size_t)n, ob));
+      CHECK_OK(dynemb_lookup_prepared(b, keys, tickets, (size_t)n, ob, NULL));
       for (int i = 0; i < n * DIM; i++) g[i] = (float)((int)(rnd() % 33) - 16) / 16;
-      CHECK_OK(dynemb_apply(a, keys, (size_t)n, g, -1.0f, NULL));
-      CHECK_OK(dynemb_apply_prepared(b, keys, tickets, (size_t)n, g, -1.0f, NULL));
+      CHECK_OK(dynemb_apply(a, keys, (size_t)n, g, -1.0f, NULL, NULL));
+      CHECK_OK(dynemb_apply(b, keys, (size_t)n, g, -1.0f,
+                            &(dynemb_apply_opts){.tickets = tickets}, NULL));
     }
     if (memcmp(oa, ob, sizeof(float) * (size_t)(n * DIM)) != 0) {
       fprintf(stderr, "%s, step %d (op %d): outputs differ\n",
@@ -280,8 +289,8 @@ static void test_checkpoint_candidates_streamed(void) {
   for (int r = 0; r < 6; r++) { /* keys 0..19 each round; 10 new keys seen
                                   * twice per round (candidates) */
     for (int i = 0; i < 40; i++) k[i] = i < 20 ? i : 100 + r * 10 + (i - 20) % 10;
-    CHECK_OK(dynemb_lookup(a, k, 40, DYNEMB_LOOKUP_TRAIN, r, out));
-    CHECK_OK(dynemb_apply(a, k, 40, g, -1.0f, NULL));
+    CHECK_OK(dynemb_lookup(a, k, 40, DYNEMB_LOOKUP_TRAIN, r, NULL, out, NULL));
+    CHECK_OK(dynemb_apply(a, k, 40, g, -1.0f, NULL, NULL));
   }
   dynemb_table_stats st;
   dynemb_table_get_stats(a, &st);
@@ -368,42 +377,46 @@ static void test_full_evict_clear(void) {
   for (int i = 0; i < 30; i++) k[i] = i;
   /* 30 rows fit exactly (10 in memory, 20 on SSD), one at a time */
   for (int i = 0; i < 30; i++)
-    CHECK_OK(dynemb_lookup(t, &k[i], 1, DYNEMB_LOOKUP_TRAIN, i, out));
+    CHECK_OK(
+        dynemb_lookup(t, &k[i], 1, DYNEMB_LOOKUP_TRAIN, i, NULL, out, NULL));
   dynemb_table_stats st;
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 30 && st.host_rows == 10 && st.ssd_rows == 20);
   /* mostly the coldest rows went to SSD (keys 0..19): an eval read of the
    * 10 newest reads few rows from SSD (the choice is among a sample) */
   uint64_t r0 = st.ssd_reads;
-  CHECK_OK(dynemb_lookup(t, &k[20], 10, DYNEMB_LOOKUP_EVAL, 29, out));
+  CHECK_OK(
+      dynemb_lookup(t, &k[20], 10, DYNEMB_LOOKUP_EVAL, 29, NULL, out, NULL));
   dynemb_table_get_stats(t, &st);
   CHECK(st.ssd_reads - r0 <= 3);
   int64_t more = 30;
-  CHECK(dynemb_lookup(t, &more, 1, DYNEMB_LOOKUP_TRAIN, 30, out) == DYNEMB_ECAPACITY);
+  CHECK(dynemb_lookup(t, &more, 1, DYNEMB_LOOKUP_TRAIN, 30, NULL, out, NULL) ==
+        DYNEMB_ECAPACITY);
   CHECK(strstr(dynemb_last_error(), "small") != NULL &&
         strstr(dynemb_last_error(), "ssd_vocabulary_size = 20") != NULL);
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 30); /* nothing lost */
   /* a row on SSD comes back (a warm one goes out): still 30 rows */
-  CHECK_OK(dynemb_lookup(t, &k[0], 1, DYNEMB_LOOKUP_TRAIN, 31, out));
+  CHECK_OK(
+      dynemb_lookup(t, &k[0], 1, DYNEMB_LOOKUP_TRAIN, 31, NULL, out, NULL));
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 30 && st.host_rows == 10 && st.ssd_rows == 20);
   /* eviction at now 31, threshold 5: keys 1..25 are older than 26 */
   size_t ev = 0;
-  CHECK_OK(dynemb_evict(t, 31, &ev));
+  CHECK_OK(dynemb_evict(t, 31, DYNEMB_TABLE_THRESHOLD, &ev));
   CHECK(ev == 25);
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 5 && st.host_rows + st.ssd_rows == 5);
   /* their records are free again: 25 new keys fit */
   int64_t nk[25];
   for (int i = 0; i < 25; i++) nk[i] = 100 + i;
-  CHECK_OK(dynemb_lookup(t, nk, 25, DYNEMB_LOOKUP_TRAIN, 32, out));
+  CHECK_OK(dynemb_lookup(t, nk, 25, DYNEMB_LOOKUP_TRAIN, 32, NULL, out, NULL));
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 30 && st.ssd_rows == 20);
   dynemb_table_clear(t);
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 0 && st.ssd_rows == 0 && st.ssd_bytes == 0);
-  CHECK_OK(dynemb_lookup(t, k, 30, DYNEMB_LOOKUP_TRAIN, 40, out));
+  CHECK_OK(dynemb_lookup(t, k, 30, DYNEMB_LOOKUP_TRAIN, 40, NULL, out, NULL));
   dynemb_table_release(t);
   dynemb_registry_clear();
 }
@@ -422,7 +435,7 @@ static void test_promote_into_room(void) {
   for (int i = 0; i < 15; i++) {
     k[i] = i;
     CHECK_OK(dynemb_lookup(src, &k[i], 1, DYNEMB_LOOKUP_TRAIN, i < 10 ? 0 : 100,
-                           row));
+                           NULL, row, NULL));
   }
   dynemb_snapshot snap;
   CHECK_OK(dynemb_table_snapshot(src, &snap));
@@ -433,11 +446,13 @@ static void test_promote_into_room(void) {
   CHECK(st.host_rows == 10 && st.ssd_rows == 5);
   CHECK_OK(dynemb_table_set_eviction_threshold(t, 5));
   size_t ev = 0;
-  CHECK_OK(dynemb_evict(t, 100, &ev));
+  CHECK_OK(dynemb_evict(t, 100, DYNEMB_TABLE_THRESHOLD, &ev));
   dynemb_table_get_stats(t, &st);
   CHECK(ev == 10 && st.host_rows == 0 && st.ssd_rows == 5);
-  CHECK_OK(dynemb_lookup(t, &k[12], 1, DYNEMB_LOOKUP_TRAIN, 101, row));
-  CHECK_OK(dynemb_lookup(src, &k[12], 1, DYNEMB_LOOKUP_EVAL, 101, want));
+  CHECK_OK(
+      dynemb_lookup(t, &k[12], 1, DYNEMB_LOOKUP_TRAIN, 101, NULL, row, NULL));
+  CHECK_OK(
+      dynemb_lookup(src, &k[12], 1, DYNEMB_LOOKUP_EVAL, 101, NULL, want, NULL));
   CHECK(memcmp(row, want, sizeof row) == 0);
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 5 && st.host_rows == 1 && st.ssd_rows == 4);
@@ -457,12 +472,14 @@ static void test_sparse_memory(void) {
   static float out[3000 * 4], want[3000 * 4];
   for (int i = 0; i < 3000; i++) k[i] = (int64_t)i * 104729;
   for (int i = 0; i < 3000; i += 3)
-    CHECK_OK(dynemb_lookup(t, &k[i], 3, DYNEMB_LOOKUP_TRAIN, i, out));
+    CHECK_OK(
+        dynemb_lookup(t, &k[i], 3, DYNEMB_LOOKUP_TRAIN, i, NULL, out, NULL));
   dynemb_table_stats st;
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 3000 && st.host_rows == 8 && st.ssd_rows == 2992);
   /* every row reads back as its initial value */
-  CHECK_OK(dynemb_lookup(t, k, 3000, DYNEMB_LOOKUP_EVAL, 3000, out));
+  CHECK_OK(
+      dynemb_lookup(t, k, 3000, DYNEMB_LOOKUP_EVAL, 3000, NULL, out, NULL));
   for (int i = 0; i < 3000; i++) dynemb_init_row(&c.init, k[i], want + 4 * i, 4);
   CHECK(memcmp(out, want, sizeof out) == 0);
   dynemb_table_release(t);
@@ -485,7 +502,8 @@ static void test_disk_refuses_writes(void) {
   CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
   int rc = DYNEMB_OK, i = 0;
   for (; i < 64 && rc == DYNEMB_OK; i++)
-    rc = dynemb_lookup(t, &k[i], 1, DYNEMB_LOOKUP_TRAIN, i, first + i * 256);
+    rc = dynemb_lookup(t, &k[i], 1, DYNEMB_LOOKUP_TRAIN, i, NULL,
+                       first + i * 256, NULL);
   setrlimit(RLIMIT_FSIZE, &old);
   CHECK(rc == DYNEMB_EIO);
   CHECK(strstr(dynemb_last_error(), "fullfs") != NULL &&
@@ -493,13 +511,15 @@ static void test_disk_refuses_writes(void) {
   /* nothing lost: every row made before the failure reads back */
   const int made = i - 1;
   CHECK(made == 8 + 16);
-  CHECK_OK(dynemb_lookup(t, k, (size_t)made, DYNEMB_LOOKUP_EVAL, 100, out));
+  CHECK_OK(dynemb_lookup(t, k, (size_t)made, DYNEMB_LOOKUP_EVAL, 100, NULL, out,
+                         NULL));
   CHECK(memcmp(out, first, (size_t)made * 256 * sizeof(float)) == 0);
   dynemb_table_stats st;
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == (uint64_t)made);
   /* and with the disk back, the failed key inserts */
-  CHECK_OK(dynemb_lookup(t, &k[made], 1, DYNEMB_LOOKUP_TRAIN, 101, out));
+  CHECK_OK(
+      dynemb_lookup(t, &k[made], 1, DYNEMB_LOOKUP_TRAIN, 101, NULL, out, NULL));
   dynemb_table_release(t);
   dynemb_registry_clear();
 }

@@ -65,7 +65,7 @@ static void test_registry(void) {
   CHECK_RC(dynemb_table_find("alpha", &x), DYNEMB_ENOTFOUND);
   float out[4] = {1, 1, 1, 1};
   int64_t k = 5;
-  CHECK_OK(dynemb_lookup(a, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(dynemb_lookup(a, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   CHECK(dynemb_table_size(a) == 1);
   CHECK(strcmp(dynemb_table_name(a), "alpha") == 0);
   dynemb_table_release(a);
@@ -234,12 +234,12 @@ static void test_lookup_train_eval(void) {
   int64_t keys[5] = {10, 20, 10, 30, 20};
   float out[15];
   /* eval of unknown keys: default value, nothing inserted */
-  CHECK_OK(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   for (int i = 0; i < 5; i++)
     for (int j = 0; j < 3; j++) CHECK(out[i * 3 + j] == defv[j]);
   CHECK(dynemb_table_size(t) == 0);
   /* train inserts the 3 distinct keys */
-  CHECK_OK(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   for (int i = 0; i < 15; i++) CHECK(out[i] == 0.25f);
   CHECK(dynemb_table_size(t) == 3);
   dynemb_table_stats st;
@@ -252,20 +252,27 @@ static void test_lookup_train_eval(void) {
   /* eval now finds the rows; key 99 reads default */
   int64_t k2[2] = {30, 99};
   float o2[6];
-  CHECK_OK(dynemb_lookup(t, k2, 2, DYNEMB_LOOKUP_EVAL, 0, o2));
+  CHECK_OK(dynemb_lookup(t, k2, 2, DYNEMB_LOOKUP_EVAL, 0, NULL, o2, NULL));
   CHECK(o2[0] == 0.25f && o2[3] == 7 && o2[5] == 9);
   CHECK(dynemb_table_size(t) == 1 + 2);
   /* argument errors */
-  CHECK_RC(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, -1, out), DYNEMB_EINVAL);
-  CHECK(strstr(dynemb_last_error(), "'lk'") && strstr(dynemb_last_error(), "now"));
-  CHECK_RC(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, INT64_C(1) << 32, out),
+  CHECK_RC(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, -1, NULL, out, NULL),
            DYNEMB_EINVAL);
-  CHECK_OK(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, UINT32_MAX, out));
-  CHECK_RC(dynemb_lookup(t, NULL, 5, DYNEMB_LOOKUP_TRAIN, 1, out), DYNEMB_EINVAL);
-  CHECK_RC(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, 1, NULL), DYNEMB_EINVAL);
-  CHECK_RC(dynemb_lookup(t, keys, 5, 7, 1, out), DYNEMB_EINVAL);
-  CHECK_OK(dynemb_lookup(t, NULL, 0, DYNEMB_LOOKUP_TRAIN, 1, NULL));
-  CHECK_RC(dynemb_lookup(NULL, keys, 5, DYNEMB_LOOKUP_TRAIN, 1, out), DYNEMB_EINVAL);
+  CHECK(strstr(dynemb_last_error(), "'lk'") && strstr(dynemb_last_error(), "now"));
+  CHECK_RC(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, INT64_C(1) << 32,
+                         NULL, out, NULL),
+           DYNEMB_EINVAL);
+  CHECK_OK(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, UINT32_MAX, NULL, out,
+                         NULL));
+  CHECK_RC(dynemb_lookup(t, NULL, 5, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL),
+           DYNEMB_EINVAL);
+  CHECK_RC(dynemb_lookup(t, keys, 5, DYNEMB_LOOKUP_TRAIN, 1, NULL, NULL, NULL),
+           DYNEMB_EINVAL);
+  CHECK_RC(dynemb_lookup(t, keys, 5, 7, 1, NULL, out, NULL), DYNEMB_EINVAL);
+  CHECK_OK(dynemb_lookup(t, NULL, 0, DYNEMB_LOOKUP_TRAIN, 1, NULL, NULL, NULL));
+  CHECK_RC(
+      dynemb_lookup(NULL, keys, 5, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL),
+      DYNEMB_EINVAL);
   done(t);
 }
 
@@ -289,8 +296,8 @@ static void test_init_independent_of_sharding(void) {
   int64_t keys[N], rev[N];
   for (int i = 0; i < N; i++) keys[i] = rev[N - 1 - i] = (int64_t)i * 7919 - 1000;
   float oa[N * 5], ob[N * 5], ref[5];
-  CHECK_OK(dynemb_lookup(a, keys, N, DYNEMB_LOOKUP_TRAIN, 1, oa));
-  CHECK_OK(dynemb_lookup(b, rev, N, DYNEMB_LOOKUP_TRAIN, 1, ob));
+  CHECK_OK(dynemb_lookup(a, keys, N, DYNEMB_LOOKUP_TRAIN, 1, NULL, oa, NULL));
+  CHECK_OK(dynemb_lookup(b, rev, N, DYNEMB_LOOKUP_TRAIN, 1, NULL, ob, NULL));
   dynemb_initializer init = {DYNEMB_INIT_NORMAL, 0, 1, 42};
   int nonzero = 0;
   for (int i = 0; i < N; i++) {
@@ -316,27 +323,27 @@ static void test_admission(void) {
   dynemb_table *t = make("adm", 2, tweak_admit3);
   int64_t k = 77, k2 = 78;
   float o[2];
-  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, o));
+  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 1, NULL, o, NULL));
   CHECK(o[0] == 0 && o[1] == 0); /* default (zeros) */
-  CHECK_OK(dynemb_lookup(t, &k2, 1, DYNEMB_LOOKUP_TRAIN, 1, o));
+  CHECK_OK(dynemb_lookup(t, &k2, 1, DYNEMB_LOOKUP_TRAIN, 1, NULL, o, NULL));
   dynemb_table_stats st;
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 0 && st.candidates == 2 && st.rejected == 2);
   /* eval lookups do not count */
-  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_EVAL, 1, o));
-  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_EVAL, 1, o));
+  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_EVAL, 1, NULL, o, NULL));
+  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_EVAL, 1, NULL, o, NULL));
   CHECK(dynemb_table_size(t) == 0);
   /* gradients of unadmitted keys are dropped */
   float g[2] = {1, 1};
   dynemb_apply_stats as;
-  CHECK_OK(dynemb_apply(t, &k, 1, g, -1, &as));
+  CHECK_OK(dynemb_apply(t, &k, 1, g, -1, NULL, &as));
   CHECK(as.dropped_unknown == 1 && as.applied == 0 && as.unique_keys == 1);
-  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 2, o));
+  CHECK_OK(dynemb_lookup(t, &k, 1, DYNEMB_LOOKUP_TRAIN, 2, NULL, o, NULL));
   CHECK(dynemb_table_size(t) == 0);
   /* third occurrence: admitted (a batch with the key twice counts twice) */
   int64_t kk[2] = {k, k};
   float o2[4];
-  CHECK_OK(dynemb_lookup(t, kk, 2, DYNEMB_LOOKUP_TRAIN, 3, o2));
+  CHECK_OK(dynemb_lookup(t, kk, 2, DYNEMB_LOOKUP_TRAIN, 3, NULL, o2, NULL));
   CHECK(o2[0] == 0.5f && o2[2] == 0.5f);
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 1 && st.candidates == 1 && st.inserted == 1);
@@ -349,13 +356,13 @@ static void test_admission(void) {
   dynemb_snapshot_free(&s);
   /* candidates are evicted like rows */
   size_t ev = 99;
-  CHECK_OK(dynemb_evict(t, 12, &ev));
+  CHECK_OK(dynemb_evict(t, 12, DYNEMB_TABLE_THRESHOLD, &ev));
   CHECK(ev == 0);
   dynemb_table_get_stats(t, &st);
   CHECK(st.candidates == 0 && st.evicted_candidates == 1 && st.size == 1);
   /* lowering the threshold at run time admits at once */
   CHECK_OK(dynemb_table_set_access_threshold(t, 1));
-  CHECK_OK(dynemb_lookup(t, &k2, 1, DYNEMB_LOOKUP_TRAIN, 12, o));
+  CHECK_OK(dynemb_lookup(t, &k2, 1, DYNEMB_LOOKUP_TRAIN, 12, NULL, o, NULL));
   CHECK(o[0] == 0.5f && dynemb_table_size(t) == 2);
   dynemb_table_config got;
   dynemb_table_get_config(t, &got);
@@ -372,17 +379,19 @@ static void test_admission_counting_stopped(void) {
   float o[6];
   dynemb_ticket tk[3];
   CHECK(dynemb_table_admission_counting(t) == 1);
-  CHECK_OK(dynemb_lookup(t, two, 2, DYNEMB_LOOKUP_TRAIN, 1, o)); /* 5: count 2 */
-  CHECK_OK(dynemb_lookup(t, row, 3, DYNEMB_LOOKUP_TRAIN, 1, o)); /* 6: a row */
+  CHECK_OK(dynemb_lookup(t, two, 2, DYNEMB_LOOKUP_TRAIN, 1, NULL, o,
+                         NULL)); /* 5: count 2 */
+  CHECK_OK(dynemb_lookup(t, row, 3, DYNEMB_LOOKUP_TRAIN, 1, NULL, o,
+                         NULL)); /* 6: a row */
   CHECK_OK(dynemb_table_set_admission_counting(t, 0));
   CHECK(dynemb_table_admission_counting(t) == 0);
   for (int i = 0; i < 4; i++) {
-    CHECK_OK(dynemb_lookup(t, two, 2, DYNEMB_LOOKUP_TRAIN, 2, o));
+    CHECK_OK(dynemb_lookup(t, two, 2, DYNEMB_LOOKUP_TRAIN, 2, NULL, o, NULL));
     CHECK(o[0] == 0 && o[2] == 0);
-    CHECK_OK(dynemb_prepare(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 2, tk));
+    CHECK_OK(dynemb_prepare(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 2, NULL, tk));
     CHECK(tk[0] == DYNEMB_NOT_ADMITTED);
   }
-  CHECK_OK(dynemb_lookup(t, row, 1, DYNEMB_LOOKUP_TRAIN, 3, o));
+  CHECK_OK(dynemb_lookup(t, row, 1, DYNEMB_LOOKUP_TRAIN, 3, NULL, o, NULL));
   CHECK(o[0] == 0.5f); /* the row reads, and is stamped */
   dynemb_snapshot s;
   CHECK_OK(dynemb_table_snapshot(t, &s));
@@ -391,19 +400,19 @@ static void test_admission_counting_stopped(void) {
   dynemb_snapshot_free(&s);
   /* a lower threshold admits by the count a key has, without counting */
   CHECK_OK(dynemb_table_set_access_threshold(t, 2));
-  CHECK_OK(dynemb_lookup(t, two, 1, DYNEMB_LOOKUP_TRAIN, 4, o));
+  CHECK_OK(dynemb_lookup(t, two, 1, DYNEMB_LOOKUP_TRAIN, 4, NULL, o, NULL));
   CHECK(o[0] == 0.5f && dynemb_table_size(t) == 2);
   /* resumed: counting goes on (fresh: 1 sighting now, 2 next time) */
   CHECK_OK(dynemb_table_set_admission_counting(t, 1));
-  CHECK_OK(dynemb_lookup(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 5, o));
+  CHECK_OK(dynemb_lookup(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 5, NULL, o, NULL));
   CHECK(o[0] == 0 && dynemb_table_size(t) == 2);
-  CHECK_OK(dynemb_lookup(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 5, o));
+  CHECK_OK(dynemb_lookup(t, &fresh, 1, DYNEMB_LOOKUP_TRAIN, 5, NULL, o, NULL));
   CHECK(o[0] == 0.5f && dynemb_table_size(t) == 3);
   /* a threshold of 1 needs no count: stopped or not, keys are admitted */
   int64_t other = 8;
   CHECK_OK(dynemb_table_set_admission_counting(t, 0));
   CHECK_OK(dynemb_table_set_access_threshold(t, 1));
-  CHECK_OK(dynemb_lookup(t, &other, 1, DYNEMB_LOOKUP_TRAIN, 6, o));
+  CHECK_OK(dynemb_lookup(t, &other, 1, DYNEMB_LOOKUP_TRAIN, 6, NULL, o, NULL));
   CHECK(o[0] == 0.5f && dynemb_table_size(t) == 4);
   CHECK(dynemb_table_set_admission_counting(NULL, 0) == DYNEMB_EINVAL);
   done(t);
@@ -423,37 +432,47 @@ static void test_admission_weighted(void) {
   float o[4];
   dynemb_ticket tk[2];
   for (int i = 0; i < 2; i++) { /* a: 2, then 4 */
-    CHECK_OK(dynemb_lookup_weighted(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 1, 2, o));
+    CHECK_OK(dynemb_lookup(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 1,
+                           &(dynemb_lookup_opts){.weight = 2}, o, NULL));
     CHECK(o[0] == 0);
   }
-  CHECK_OK(dynemb_lookup_weighted(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 1, 2, o));
+  CHECK_OK(dynemb_lookup(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 1,
+                         &(dynemb_lookup_opts){.weight = 2}, o, NULL));
   CHECK(o[0] == 0.5f && dynemb_table_size(t) == 1); /* 6 >= 5 */
   /* b: one occurrence weighing the threshold is admitted at once */
-  CHECK_OK(dynemb_prepare_weighted(t, &b, 1, DYNEMB_LOOKUP_TRAIN, 1, 5, tk));
+  CHECK_OK(dynemb_prepare(t, &b, 1, DYNEMB_LOOKUP_TRAIN, 1,
+                          &(dynemb_lookup_opts){.weight = 5}, tk));
   CHECK(tk[0] != DYNEMB_NOT_ADMITTED && dynemb_table_size(t) == 2);
   /* c: 1 (weight 1) + 4 (weight 4, a second feature of the table) = 5;
    * within one call: the second occurrence is the admitted one */
   int64_t cc[2] = {3, 3};
-  CHECK_OK(dynemb_lookup(t, &c, 1, DYNEMB_LOOKUP_TRAIN, 2, o));
-  CHECK_OK(dynemb_prepare_weighted(t, cc, 2, DYNEMB_LOOKUP_TRAIN, 2, 2, tk));
+  /* (a zeroed options struct weighs one, as NULL does) */
+  CHECK_OK(dynemb_lookup(t, &c, 1, DYNEMB_LOOKUP_TRAIN, 2,
+                         &(dynemb_lookup_opts){0}, o, NULL));
+  CHECK_OK(dynemb_prepare(t, cc, 2, DYNEMB_LOOKUP_TRAIN, 2,
+                          &(dynemb_lookup_opts){.weight = 2}, tk));
   CHECK(tk[0] == DYNEMB_NOT_ADMITTED && tk[1] != DYNEMB_NOT_ADMITTED);
   /* d: counts saturate instead of wrapping (the snapshot's uint32) */
   CHECK_OK(dynemb_table_set_access_threshold(t, UINT32_MAX));
   for (int i = 0; i < 3; i++)
-    CHECK_OK(dynemb_lookup_weighted(t, &d, 1, DYNEMB_LOOKUP_TRAIN, 3,
-                                    INT32_MAX, o));
+    CHECK_OK(dynemb_lookup(t, &d, 1, DYNEMB_LOOKUP_TRAIN, 3,
+                           &(dynemb_lookup_opts){.weight = INT32_MAX}, o,
+                           NULL));
   dynemb_snapshot s;
   CHECK_OK(dynemb_table_snapshot(t, &s));
   CHECK(s.candidates == 1 && s.cand_keys[0] == 4 &&
         s.cand_counts[0] == UINT32_MAX - 1);
   dynemb_snapshot_free(&s);
   /* eval lookups count nothing, whatever the weight */
-  CHECK_OK(dynemb_lookup_weighted(t, &c, 1, DYNEMB_LOOKUP_EVAL, 0, 7, o));
-  CHECK(dynemb_lookup_weighted(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 3, 0, o) ==
-        DYNEMB_EINVAL);
+  CHECK_OK(dynemb_lookup(t, &c, 1, DYNEMB_LOOKUP_EVAL, 0,
+                         &(dynemb_lookup_opts){.weight = 7}, o, NULL));
+  CHECK(dynemb_lookup(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 3,
+                      &(dynemb_lookup_opts){.weight = (uint32_t)INT32_MAX + 1},
+                      o, NULL) == DYNEMB_EINVAL);
   CHECK(strstr(dynemb_last_error(), "adm_w") != NULL);
-  CHECK(dynemb_prepare_weighted(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 3,
-                                (uint32_t)INT32_MAX + 1, tk) == DYNEMB_EINVAL);
+  CHECK(dynemb_prepare(t, &a, 1, DYNEMB_LOOKUP_TRAIN, 3,
+                       &(dynemb_lookup_opts){.weight = (uint32_t)INT32_MAX + 1},
+                       tk) == DYNEMB_EINVAL);
   done(t);
 }
 
@@ -472,19 +491,21 @@ static void test_evict_older_than(void) {
   int64_t rows[3] = {1, 2, 3}, cand = 9;
   float o[6];
   for (int i = 0; i < 3; i++)
-    CHECK_OK(dynemb_lookup(t, rows, 3, DYNEMB_LOOKUP_TRAIN, 5, o));
-  CHECK_OK(dynemb_lookup(t, &cand, 1, DYNEMB_LOOKUP_TRAIN, 5, o));
-  CHECK_OK(dynemb_lookup(t, rows, 1, DYNEMB_LOOKUP_TRAIN, 7, o)); /* 1 at 7 */
+    CHECK_OK(dynemb_lookup(t, rows, 3, DYNEMB_LOOKUP_TRAIN, 5, NULL, o, NULL));
+  CHECK_OK(dynemb_lookup(t, &cand, 1, DYNEMB_LOOKUP_TRAIN, 5, NULL, o, NULL));
+  CHECK_OK(dynemb_lookup(t, rows, 1, DYNEMB_LOOKUP_TRAIN, 7, NULL, o,
+                         NULL)); /* 1 at 7 */
   size_t ev = 0;
-  CHECK_OK(dynemb_evict(t, 7, &ev)); /* the table's 10: nothing */
+  CHECK_OK(dynemb_evict(t, 7, DYNEMB_TABLE_THRESHOLD,
+                        &ev)); /* the table's 10: nothing */
   CHECK(ev == 0 && dynemb_table_size(t) == 3);
-  CHECK_OK(dynemb_evict_older_than(t, 7, 0, &ev)); /* not seen at 7: gone */
+  CHECK_OK(dynemb_evict(t, 7, 0, &ev)); /* not seen at 7: gone */
   CHECK(ev == 2 && dynemb_table_size(t) == 1);
   dynemb_snapshot s;
   CHECK_OK(dynemb_table_snapshot(t, &s));
   CHECK(s.rows == 1 && s.keys[0] == 1 && s.candidates == 0);
   dynemb_snapshot_free(&s);
-  CHECK(dynemb_evict_older_than(t, 7, -1, &ev) == DYNEMB_EINVAL);
+  CHECK(dynemb_evict(t, 7, -2, &ev) == DYNEMB_EINVAL);
   CHECK(strstr(dynemb_last_error(), "ev0") != NULL);
   done(t);
 }
@@ -495,27 +516,31 @@ static void test_eviction_reuse(void) {
   int64_t keys[N];
   float *out = malloc(sizeof(float) * N * 16);
   for (int i = 0; i < N; i++) keys[i] = i;
-  CHECK_OK(dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_TRAIN, 100, out));
+  CHECK_OK(
+      dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_TRAIN, 100, NULL, out, NULL));
   /* touch the even keys later */
   int64_t even[N / 2];
   for (int i = 0; i < N / 2; i++) even[i] = 2 * i;
-  CHECK_OK(dynemb_lookup(t, even, N / 2, DYNEMB_LOOKUP_TRAIN, 104, out));
+  CHECK_OK(
+      dynemb_lookup(t, even, N / 2, DYNEMB_LOOKUP_TRAIN, 104, NULL, out, NULL));
   dynemb_table_stats st;
   dynemb_table_get_stats(t, &st);
   uint64_t cap0 = st.capacity;
   size_t ev = 0;
-  CHECK_OK(dynemb_evict(t, 105, &ev)); /* 105-100 = 5: not more than 5 */
+  CHECK_OK(dynemb_evict(t, 105, DYNEMB_TABLE_THRESHOLD,
+                        &ev)); /* 105-100 = 5: not more than 5 */
   CHECK(ev == 0);
-  CHECK_OK(dynemb_evict(t, 106, &ev));
+  CHECK_OK(dynemb_evict(t, 106, DYNEMB_TABLE_THRESHOLD, &ev));
   CHECK(ev == N / 2);
   CHECK(dynemb_table_size(t) == N / 2);
   /* odd keys are gone (eval reads the default), even keys remain */
-  CHECK_OK(dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   for (int i = 0; i < N; i++) CHECK(out[i * 16] == (i % 2 ? 0.0f : 0.5f));
   /* new keys reuse the freed slots: capacity does not grow */
   int64_t fresh[N / 2];
   for (int i = 0; i < N / 2; i++) fresh[i] = 1000000 + i;
-  CHECK_OK(dynemb_lookup(t, fresh, N / 2, DYNEMB_LOOKUP_TRAIN, 106, out));
+  CHECK_OK(dynemb_lookup(t, fresh, N / 2, DYNEMB_LOOKUP_TRAIN, 106, NULL, out,
+                         NULL));
   dynemb_table_get_stats(t, &st);
   CHECK(st.capacity == cap0);
   CHECK(st.size == N);
@@ -524,18 +549,20 @@ static void test_eviction_reuse(void) {
   for (int i = 0; i < N / 2; i++) CHECK(out[i * 16 + 15] == 0.5f);
   /* eviction disabled: nothing happens */
   CHECK_OK(dynemb_table_set_eviction_threshold(t, 0));
-  CHECK_OK(dynemb_evict(t, 1000000, &ev));
+  CHECK_OK(dynemb_evict(t, 1000000, DYNEMB_TABLE_THRESHOLD, &ev));
   CHECK(ev == 0 && dynemb_table_size(t) == N);
   CHECK_RC(dynemb_table_set_eviction_threshold(t, -1), DYNEMB_EINVAL);
-  CHECK_RC(dynemb_evict(t, -2, &ev), DYNEMB_EINVAL); /* -1 = table clock */
+  CHECK_RC(dynemb_evict(t, -2, DYNEMB_TABLE_THRESHOLD, &ev),
+           DYNEMB_EINVAL); /* -1 = table clock */
   /* a row stamped later than `now` is never evicted */
   CHECK_OK(dynemb_table_set_eviction_threshold(t, 1));
-  CHECK_OK(dynemb_evict(t, 50, &ev));
+  CHECK_OK(dynemb_evict(t, 50, DYNEMB_TABLE_THRESHOLD, &ev));
   CHECK(ev == 0);
-  CHECK_OK(dynemb_evict(t, 1000, &ev));
+  CHECK_OK(dynemb_evict(t, 1000, DYNEMB_TABLE_THRESHOLD, &ev));
   CHECK(ev == N && dynemb_table_size(t) == 0);
   /* clear */
-  CHECK_OK(dynemb_lookup(t, keys, 10, DYNEMB_LOOKUP_TRAIN, 2000, out));
+  CHECK_OK(
+      dynemb_lookup(t, keys, 10, DYNEMB_LOOKUP_TRAIN, 2000, NULL, out, NULL));
   dynemb_table_clear(t);
   dynemb_table_get_stats(t, &st);
   CHECK(st.size == 0 && st.capacity == 0 && st.candidates == 0);
@@ -556,28 +583,30 @@ static void test_apply_sgd(void) {
   dynemb_table *t = make("sgd", 2, tweak_sgd);
   int64_t keys[4] = {1, 2, 1, 3};
   float out[8];
-  CHECK_OK(dynemb_lookup(t, keys, 2, DYNEMB_LOOKUP_TRAIN, 1, out)); /* 1, 2 */
+  CHECK_OK(dynemb_lookup(t, keys, 2, DYNEMB_LOOKUP_TRAIN, 1, NULL, out,
+                         NULL)); /* 1, 2 */
   float g[8] = {1, 2, 3, 4, 10, 20, 5, 5};
   dynemb_apply_stats as;
-  CHECK_OK(dynemb_apply(t, keys, 4, g, -1, &as));
+  CHECK_OK(dynemb_apply(t, keys, 4, g, -1, NULL, &as));
   CHECK(as.unique_keys == 3 && as.applied == 2 && as.dropped_unknown == 1);
   CHECK(as.skipped_nonfinite == 0);
-  CHECK_OK(dynemb_lookup(t, keys, 2, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, 2, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   /* key 1: 0.5 - 0.5 * (1 + 10) ; key 2: 0.5 - 0.5 * 3 */
   CHECK(out[0] == 0.5f - 0.5f * 11.0f && out[1] == 0.5f - 0.5f * 22.0f);
   CHECK(out[2] == 0.5f - 0.5f * 3.0f && out[3] == 0.5f - 0.5f * 4.0f);
   /* explicit learning rate */
-  CHECK_OK(dynemb_apply(t, keys + 1, 1, g, 0.25f, NULL));
-  CHECK_OK(dynemb_lookup(t, keys + 1, 1, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_apply(t, keys + 1, 1, g, 0.25f, NULL, NULL));
+  CHECK_OK(
+      dynemb_lookup(t, keys + 1, 1, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   CHECK(out[0] == (0.5f - 0.5f * 3.0f) - 0.25f * 1.0f);
   dynemb_table_stats st;
   dynemb_table_get_stats(t, &st);
   CHECK(st.apply_steps == 2 && st.applied == 3 && st.dropped_gradients == 1);
   /* errors */
-  CHECK_RC(dynemb_apply(t, NULL, 1, g, -1, NULL), DYNEMB_EINVAL);
-  CHECK_RC(dynemb_apply(t, keys, 1, NULL, -1, NULL), DYNEMB_EINVAL);
-  CHECK_RC(dynemb_apply(t, keys, 1, g, NAN, NULL), DYNEMB_EINVAL);
-  CHECK_OK(dynemb_apply(t, NULL, 0, NULL, -1, &as));
+  CHECK_RC(dynemb_apply(t, NULL, 1, g, -1, NULL, NULL), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_apply(t, keys, 1, NULL, -1, NULL, NULL), DYNEMB_EINVAL);
+  CHECK_RC(dynemb_apply(t, keys, 1, g, NAN, NULL, NULL), DYNEMB_EINVAL);
+  CHECK_OK(dynemb_apply(t, NULL, 0, NULL, -1, NULL, &as));
   CHECK(as.unique_keys == 0);
   done(t);
 }
@@ -591,45 +620,45 @@ static void test_apply_nonfinite(void) {
   dynemb_table *t = make("nf", 2, tweak_sgd);
   int64_t keys[3] = {5, 6, 7};
   float out[6];
-  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   float g[6] = {1, 1, 1, NAN, 1, 1};
-  CHECK_RC(dynemb_apply(t, keys, 3, g, -1, NULL), DYNEMB_ENONFINITE);
+  CHECK_RC(dynemb_apply(t, keys, 3, g, -1, NULL, NULL), DYNEMB_ENONFINITE);
   CHECK(strstr(dynemb_last_error(), "'nf'") && strstr(dynemb_last_error(), "key 6"));
-  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   for (int i = 0; i < 6; i++) CHECK(out[i] == 0.5f); /* nothing applied */
   dynemb_table_stats st;
   dynemb_table_get_stats(t, &st);
   CHECK(st.apply_steps == 0 && st.applied == 0);
   g[3] = 1;
   g[4] = -INFINITY;
-  CHECK_RC(dynemb_apply(t, keys, 3, g, -1, NULL), DYNEMB_ENONFINITE);
+  CHECK_RC(dynemb_apply(t, keys, 3, g, -1, NULL, NULL), DYNEMB_ENONFINITE);
   CHECK(strstr(dynemb_last_error(), "key 7") != NULL);
   done(t);
 
   t = make("nf2", 2, tweak_skip);
-  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   int64_t k4[4] = {5, 6, 7, 5};
   float g4[8] = {1, 1, 1, NAN, 1, 1, INFINITY, 0};
   dynemb_apply_stats as;
-  CHECK_OK(dynemb_apply(t, k4, 4, g4, -1, &as));
+  CHECK_OK(dynemb_apply(t, k4, 4, g4, -1, NULL, &as));
   /* key 5 has an Inf in its second occurrence: the whole key is skipped */
   CHECK(as.skipped_nonfinite == 2 && as.applied == 1 && as.unique_keys == 3);
-  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   CHECK(out[0] == 0.5f && out[2] == 0.5f && out[4] == 0.0f && out[5] == 0.0f);
   dynemb_table_get_stats(t, &st);
   CHECK(st.nonfinite_skipped == 2 && st.applied == 1 && st.apply_steps == 1);
   /* finite gradients whose sum overflows: key 6 is skipped (SKIP)... */
   int64_t k3[3] = {6, 7, 6};
   float g3[6] = {3e38f, 0, 1, 1, 3e38f, 0};
-  CHECK_OK(dynemb_apply(t, k3, 3, g3, -1, &as));
+  CHECK_OK(dynemb_apply(t, k3, 3, g3, -1, NULL, &as));
   CHECK(as.skipped_nonfinite == 1 && as.applied == 1);
-  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   CHECK(out[2] == 0.5f && out[3] == 0.5f); /* key 6 unchanged */
   done(t);
   /* ...and named as an overflow (ERROR) */
   t = make("nf3", 2, tweak_sgd);
-  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_TRAIN, 1, out));
-  CHECK_RC(dynemb_apply(t, k3, 3, g3, -1, NULL), DYNEMB_ENONFINITE);
+  CHECK_OK(dynemb_lookup(t, keys, 3, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
+  CHECK_RC(dynemb_apply(t, k3, 3, g3, -1, NULL, NULL), DYNEMB_ENONFINITE);
   CHECK(strstr(dynemb_last_error(), "key 6") &&
         strstr(dynemb_last_error(), "overflow"));
   done(t);
@@ -654,14 +683,16 @@ static void nonfinite_batch(int repeat_heavy, int policy_skip) {
   if (repeat_heavy) g[2 * 1] = 3e38f, g[2 * 9] = 1;
   dynemb_table *t = make("nfb", 2, policy_skip ? tweak_skip : tweak_sgd);
   float out[20];
-  CHECK_OK(dynemb_lookup(t, k, (size_t)n, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(
+      dynemb_lookup(t, k, (size_t)n, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   dynemb_apply_stats as;
-  int rc = dynemb_apply(t, k, (size_t)n, g, -1, &as);
+  int rc = dynemb_apply(t, k, (size_t)n, g, -1, NULL, &as);
   char msg[512];
   snprintf(msg, sizeof msg, "%s", dynemb_last_error());
   const int nkeys = repeat_heavy ? 5 : 9;
   int64_t all[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-  CHECK_OK(dynemb_lookup(t, all, (size_t)nkeys, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, all, (size_t)nkeys, DYNEMB_LOOKUP_EVAL, 0, NULL,
+                         out, NULL));
   if (policy_skip) {
     CHECK_OK(rc);
     CHECK(as.skipped_nonfinite == 3 && as.applied == (size_t)nkeys - 3);
@@ -696,10 +727,10 @@ static void test_extreme_keys(void) {
   dynemb_table *t = make("xk", 1, tweak_one_shard);
   int64_t keys[6] = {0, -1, INT64_MIN, INT64_MAX, 1, INT64_MIN + 1};
   float out[6], out2[6], g[6] = {1, 2, 3, 4, 5, 6};
-  CHECK_OK(dynemb_lookup(t, keys, 6, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(dynemb_lookup(t, keys, 6, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   CHECK(dynemb_table_size(t) == 6);
-  CHECK_OK(dynemb_apply(t, keys, 6, g, -1, NULL));
-  CHECK_OK(dynemb_lookup(t, keys, 6, DYNEMB_LOOKUP_EVAL, 0, out2));
+  CHECK_OK(dynemb_apply(t, keys, 6, g, -1, NULL, NULL));
+  CHECK_OK(dynemb_lookup(t, keys, 6, DYNEMB_LOOKUP_EVAL, 0, NULL, out2, NULL));
   for (int i = 0; i < 6; i++) CHECK(out2[i] == out[i] - g[i]);
   dynemb_snapshot s;
   CHECK_OK(dynemb_table_snapshot(t, &s));
@@ -724,21 +755,24 @@ static void test_colliding_keys(void) {
     if ((uint32_t)dynemb_hash_key(k) < (UINT32_C(1) << 20)) keys[n++] = k;
   float out[N], ref[N];
   /* insert in two halves with different times */
-  CHECK_OK(dynemb_lookup(t, keys, N / 2, DYNEMB_LOOKUP_TRAIN, 10, out));
-  CHECK_OK(dynemb_lookup(t, keys + N / 2, N / 2, DYNEMB_LOOKUP_TRAIN, 20, out));
+  CHECK_OK(
+      dynemb_lookup(t, keys, N / 2, DYNEMB_LOOKUP_TRAIN, 10, NULL, out, NULL));
+  CHECK_OK(dynemb_lookup(t, keys + N / 2, N / 2, DYNEMB_LOOKUP_TRAIN, 20, NULL,
+                         out, NULL));
   CHECK(dynemb_table_size(t) == N);
   dynemb_initializer init = {DYNEMB_INIT_UNIFORM, -1, 1, 0};
   for (int i = 0; i < N; i++) dynemb_init_row(&init, keys[i], &ref[i], 1);
-  CHECK_OK(dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   for (int i = 0; i < N; i++) CHECK(out[i] == ref[i]);
   /* evict every other key by touching the odd ones later, then evict */
   int64_t odd[N / 2];
   for (int i = 0; i < N / 2; i++) odd[i] = keys[2 * i + 1];
-  CHECK_OK(dynemb_lookup(t, odd, N / 2, DYNEMB_LOOKUP_TRAIN, 30, out));
+  CHECK_OK(
+      dynemb_lookup(t, odd, N / 2, DYNEMB_LOOKUP_TRAIN, 30, NULL, out, NULL));
   size_t ev;
-  CHECK_OK(dynemb_evict(t, 31, &ev));
+  CHECK_OK(dynemb_evict(t, 31, DYNEMB_TABLE_THRESHOLD, &ev));
   CHECK(ev == N / 2);
-  CHECK_OK(dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   for (int i = 0; i < N; i++) CHECK(out[i] == (i % 2 ? ref[i] : 0.0f));
   done(t);
 }
@@ -766,10 +800,11 @@ static void test_snapshot_import(void) {
   float *out = malloc(sizeof(float) * N * 4), *g = malloc(sizeof(float) * N * 4);
   for (int i = 0; i < N; i++) keys[i] = (int64_t)((i * 2654435761u) % 100000) - 50000;
   for (int i = 0; i < N * 4; i++) g[i] = (float)((i % 7) - 3) * 0.1f;
-  CHECK_OK(dynemb_lookup(a, keys, N, DYNEMB_LOOKUP_TRAIN, 3, out));
-  CHECK_OK(dynemb_lookup(a, keys, N - 100, DYNEMB_LOOKUP_TRAIN, 4, out));
-  CHECK_OK(dynemb_apply(a, keys, N, g, -1, NULL));
-  CHECK_OK(dynemb_apply(a, keys, N, g, -1, NULL));
+  CHECK_OK(dynemb_lookup(a, keys, N, DYNEMB_LOOKUP_TRAIN, 3, NULL, out, NULL));
+  CHECK_OK(
+      dynemb_lookup(a, keys, N - 100, DYNEMB_LOOKUP_TRAIN, 4, NULL, out, NULL));
+  CHECK_OK(dynemb_apply(a, keys, N, g, -1, NULL, NULL));
+  CHECK_OK(dynemb_apply(a, keys, N, g, -1, NULL, NULL));
   dynemb_snapshot s;
   CHECK_OK(dynemb_table_snapshot(a, &s));
   CHECK(s.rows == N - 100 && s.candidates == 100);
@@ -821,10 +856,11 @@ static void test_snapshot_import(void) {
   /* REPLACE: table d ends up equal to the snapshot */
   int64_t extra = 123456789;
   CHECK_OK(dynemb_table_set_access_threshold(d, 0));
-  CHECK_OK(dynemb_lookup(d, &extra, 1, DYNEMB_LOOKUP_TRAIN, 9, out));
+  CHECK_OK(
+      dynemb_lookup(d, &extra, 1, DYNEMB_LOOKUP_TRAIN, 9, NULL, out, NULL));
   CHECK_OK(dynemb_table_import(d, &s, DYNEMB_IMPORT_REPLACE, 0, 0));
   CHECK(dynemb_table_size(d) == s.rows);
-  CHECK_OK(dynemb_lookup(d, &extra, 1, DYNEMB_LOOKUP_EVAL, 0, out));
+  CHECK_OK(dynemb_lookup(d, &extra, 1, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL));
   CHECK(out[0] == 0.0f);
 
   /* errors: checks before any change */
@@ -885,14 +921,18 @@ static void test_host_budget(void) {
   int64_t keys[150];
   float out[300];
   for (int i = 0; i < 150; i++) keys[i] = i;
-  CHECK_OK(dynemb_lookup(t, keys, 100, DYNEMB_LOOKUP_TRAIN, 1, out));
-  CHECK_RC(dynemb_lookup(t, keys + 100, 1, DYNEMB_LOOKUP_TRAIN, 1, out), DYNEMB_ECAPACITY);
+  CHECK_OK(
+      dynemb_lookup(t, keys, 100, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
+  CHECK_RC(
+      dynemb_lookup(t, keys + 100, 1, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL),
+      DYNEMB_ECAPACITY);
   CHECK(strstr(dynemb_last_error(), "'bud'") &&
         strstr(dynemb_last_error(), "host_vocabulary_size") &&
         strstr(dynemb_last_error(), "eviction"));
   CHECK(dynemb_table_size(t) == 100);
   /* known keys still work */
-  CHECK_OK(dynemb_lookup(t, keys, 100, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(
+      dynemb_lookup(t, keys, 100, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   /* import over budget fails and changes nothing */
   float vals[100] = {0};
   dynemb_snapshot s = sgd_dim2_snapshot(keys + 100, 50, vals);
@@ -903,9 +943,10 @@ static void test_host_budget(void) {
   /* eviction frees budget */
   CHECK_OK(dynemb_table_set_eviction_threshold(t, 1));
   size_t ev;
-  CHECK_OK(dynemb_evict(t, 10, &ev));
+  CHECK_OK(dynemb_evict(t, 10, DYNEMB_TABLE_THRESHOLD, &ev));
   CHECK(ev == 50);
-  CHECK_OK(dynemb_lookup(t, keys, 100, DYNEMB_LOOKUP_TRAIN, 10, out));
+  CHECK_OK(
+      dynemb_lookup(t, keys, 100, DYNEMB_LOOKUP_TRAIN, 10, NULL, out, NULL));
   done(t);
 }
 
@@ -925,7 +966,7 @@ static void test_host_budget_name(void) {
   int64_t keys[11];
   float out[22];
   for (int i = 0; i < 11; i++) keys[i] = i;
-  CHECK_RC(dynemb_lookup(t, keys, 11, DYNEMB_LOOKUP_TRAIN, 1, out),
+  CHECK_RC(dynemb_lookup(t, keys, 11, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL),
            DYNEMB_ECAPACITY);
   CHECK(strstr(dynemb_last_error(), "device_vocabulary_size = 10 rows is full") &&
         strstr(dynemb_last_error(), "raise device_vocabulary_size") &&
@@ -988,11 +1029,13 @@ static void set_optimizer_case(void (*sgd)(dynemb_table_config *),
   for (int step = 0; step < 6; step++) {
     for (int i = 0; i < 40; i++) keys[i] = (i * 7 + step * 13) % 64;
     for (int i = 0; i < 40 * 4; i++) grads[i] = 0.01f * (float)((i + step) % 9) - 0.04f;
-    CHECK_OK(dynemb_lookup(a, keys, 40, DYNEMB_LOOKUP_TRAIN, step, out_a));
-    CHECK_OK(dynemb_lookup(b, keys, 40, DYNEMB_LOOKUP_TRAIN, step, out_b));
+    CHECK_OK(dynemb_lookup(a, keys, 40, DYNEMB_LOOKUP_TRAIN, step, NULL, out_a,
+                           NULL));
+    CHECK_OK(dynemb_lookup(b, keys, 40, DYNEMB_LOOKUP_TRAIN, step, NULL, out_b,
+                           NULL));
     CHECK(memcmp(out_a, out_b, sizeof out_a) == 0);
-    CHECK_OK(dynemb_apply(a, keys, 40, grads, 0.1f, NULL));
-    CHECK_OK(dynemb_apply(b, keys, 40, grads, 0.1f, NULL));
+    CHECK_OK(dynemb_apply(a, keys, 40, grads, 0.1f, NULL, NULL));
+    CHECK_OK(dynemb_apply(b, keys, 40, grads, 0.1f, NULL, NULL));
   }
   dynemb_snapshot sa, sb;
   CHECK_OK(dynemb_table_snapshot(a, &sa));
@@ -1078,7 +1121,7 @@ static void test_stats_bytes(void) {
   int64_t *keys = malloc(N * sizeof *keys);
   float *out = malloc((size_t)N * 64 * sizeof *out);
   for (int i = 0; i < N; i++) keys[i] = i * 31;
-  CHECK_OK(dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_TRAIN, 1, out));
+  CHECK_OK(dynemb_lookup(t, keys, N, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
   dynemb_table_get_stats(t, &s1);
   uint64_t row_bytes = (uint64_t)N * 64 * 4;
   CHECK(s1.bytes > s0.bytes + row_bytes);

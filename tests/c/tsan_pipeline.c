@@ -2,8 +2,8 @@
  * tsan_pipeline.c -- the calls an input pipeline makes while training runs,
  * at once, under ThreadSanitizer: "pipeline" threads dynemb_prepare batches
  * ahead, "step" threads read them (one with dynemb_lookup_prepared and
- * updates them with dynemb_apply_prepared, the other with eval lookups and
- * dynemb_apply_filtered of the admitted keys), and a "serving" thread keeps
+ * updates them with dynemb_apply and the tickets, the other with eval lookups and
+ * the filtered dynemb_apply of the admitted keys), and a "serving" thread keeps
  * replacing the
  * default value. Afterwards every row was updated exactly as often as the
  * steps allowed it, and every value a step read was a row value or one of the
@@ -43,12 +43,13 @@ static void *step(void *arg) {
       keys[i] = key_of(idx[i]);
     }
     /* the pipeline's part, then the step's */
-    if (dynemb_prepare(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, r, tickets))
+    if (dynemb_prepare(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, r, NULL, tickets))
       COUNT(errors);
     for (int i = 0; i < BATCH; i++)
       admitted[i] = tickets[i] != DYNEMB_NOT_ADMITTED;
-    if (id == 1 ? dynemb_lookup_prepared(T, keys, tickets, BATCH, out)
-                : dynemb_lookup(T, keys, BATCH, DYNEMB_LOOKUP_EVAL, 0, out))
+    if (id == 1 ? dynemb_lookup_prepared(T, keys, tickets, BATCH, out, NULL)
+                : dynemb_lookup(T, keys, BATCH, DYNEMB_LOOKUP_EVAL, 0, NULL,
+                                out, NULL))
       COUNT(errors);
     for (int i = 0; i < BATCH * DIM; i++) {
       float v = out[i]; /* rows start at 0 and only go down by whole steps */
@@ -59,10 +60,13 @@ static void *step(void *arg) {
     size_t na = 0;
     for (int i = 0; i < BATCH; i++)
       if (admitted[i]) trainable[na++] = keys[i];
-    if (id == 1
-            ? dynemb_apply_prepared(T, keys, tickets, BATCH, g, 1.0f, NULL)
-            : dynemb_apply_filtered(T, keys, BATCH, g, 1.0f, trainable, na,
-                                    NULL))
+    if (id == 1 ? dynemb_apply(T, keys, BATCH, g, 1.0f,
+                               &(dynemb_apply_opts){.tickets = tickets}, NULL)
+                : dynemb_apply(T, keys, BATCH, g, 1.0f,
+                               &(dynemb_apply_opts){.filtered = 1,
+                                                    .trainable = trainable,
+                                                    .n_trainable = na},
+                               NULL))
       COUNT(errors);
     /* every occurrence of a trainable key adds one gradient unit */
     for (int i = 0; i < BATCH; i++) {

@@ -32,7 +32,9 @@ static void *grow(void *arg) {
   for (int i = 0; i < PER_THREAD; i += BATCH) {
     int n = PER_THREAD - i < BATCH ? PER_THREAD - i : BATCH;
     for (int j = 0; j < n; j++) keys[j] = key_of(id, i + j);
-    if (dynemb_lookup(T, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, 1, out)) COUNT(errors);
+    if (dynemb_lookup(T, keys, (size_t)n, DYNEMB_LOOKUP_TRAIN, 1, NULL, out,
+                      NULL))
+      COUNT(errors);
   }
   free(out);
   return NULL;
@@ -85,8 +87,8 @@ static void test_prefault_thread_race_free(void) {
   int64_t keys[64];
   float a[64 * DIM], b[64 * DIM];
   for (int i = 0; i < 64; i++) keys[i] = key_of(i % 2, i * 937);
-  CHECK_OK(dynemb_lookup(T, keys, 64, DYNEMB_LOOKUP_EVAL, 0, a));
-  CHECK_OK(dynemb_lookup(R, keys, 64, DYNEMB_LOOKUP_TRAIN, 1, b));
+  CHECK_OK(dynemb_lookup(T, keys, 64, DYNEMB_LOOKUP_EVAL, 0, NULL, a, NULL));
+  CHECK_OK(dynemb_lookup(R, keys, 64, DYNEMB_LOOKUP_TRAIN, 1, NULL, b, NULL));
   CHECK(memcmp(a, b, sizeof a) == 0);
   dynemb_table_release(R);
   dynemb_table_release(T); /* destroys it: joins the prefault thread */

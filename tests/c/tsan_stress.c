@@ -57,13 +57,15 @@ static void *work(void *arg) {
       keys[i] = live_key(idx[i]);
     }
     int64_t now = 1000 + r;
-    if (dynemb_lookup(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, now, out)) w->errors++;
+    if (dynemb_lookup(T, keys, BATCH, DYNEMB_LOOKUP_TRAIN, now, NULL, out,
+                      NULL))
+      w->errors++;
     w->lookups += BATCH;
     for (int i = 0; i < BATCH; i++) w->seen[idx[i]] = 1;
     /* apply to the keys just looked up (so they exist): each distinct key
      * gets sum of its occurrences' gradients = occurrence count */
     dynemb_apply_stats as;
-    if (dynemb_apply(T, keys, BATCH, g, 1.0f, &as)) w->errors++;
+    if (dynemb_apply(T, keys, BATCH, g, 1.0f, NULL, &as)) w->errors++;
     for (int i = 0; i < BATCH; i++) w->applied_times[idx[i]]++;
     w->applied += as.applied;
     w->dropped += as.dropped_unknown;
@@ -79,7 +81,8 @@ static void *evictor(void *arg) {
   size_t *total = arg;
   while (!__atomic_load_n(&stop_flag, __ATOMIC_RELAXED)) {
     size_t ev = 0;
-    if (dynemb_evict(T, 1100, &ev) == DYNEMB_OK) *total += ev;
+    if (dynemb_evict(T, 1100, DYNEMB_TABLE_THRESHOLD, &ev) == DYNEMB_OK)
+      *total += ev;
   }
   return NULL;
 }
@@ -121,7 +124,8 @@ static void *importer(void *arg) {
     dynemb_snapshot s = import_snapshot(keys, vals, la);
     if (dynemb_table_import(T, &s, DYNEMB_IMPORT_KEEP_STEPS, part % 4, 4)) (*bad)++;
     part++;
-    if (dynemb_lookup(T, keys, 16, DYNEMB_LOOKUP_EVAL, 0, out)) (*bad)++;
+    if (dynemb_lookup(T, keys, 16, DYNEMB_LOOKUP_EVAL, 0, NULL, out, NULL))
+      (*bad)++;
     import_lookups += 16;
     for (int i = 0; i < 16; i++) import_hits += out[i * DIM] == 5.0f;
   }
@@ -202,7 +206,8 @@ static void run_stress(uint64_t host) {
   int64_t *stale = malloc(STALE * sizeof *stale);
   float *out = malloc(sizeof(float) * STALE * DIM);
   for (uint32_t i = 0; i < STALE; i++) stale[i] = stale_key(i);
-  CHECK_OK(dynemb_lookup(T, stale, STALE, DYNEMB_LOOKUP_TRAIN, 0, out));
+  CHECK_OK(
+      dynemb_lookup(T, stale, STALE, DYNEMB_LOOKUP_TRAIN, 0, NULL, out, NULL));
 
   pthread_t th[THREADS], ev, sn, im, inc;
   size_t evicted = 0;
@@ -249,7 +254,7 @@ static void run_stress(uint64_t host) {
     rmdir(inc_dir);
   }
   size_t ev_last = 0;
-  CHECK_OK(dynemb_evict(T, 1100, &ev_last));
+  CHECK_OK(dynemb_evict(T, 1100, DYNEMB_TABLE_THRESHOLD, &ev_last));
   evicted += ev_last;
 
   CHECK(snap_bad == 0);
@@ -273,7 +278,7 @@ static void run_stress(uint64_t host) {
     if (seen) lk[n++] = live_key(k);
   }
   distinct = n;
-  CHECK_OK(dynemb_lookup(T, lk, n, DYNEMB_LOOKUP_EVAL, 0, lv));
+  CHECK_OK(dynemb_lookup(T, lk, n, DYNEMB_LOOKUP_EVAL, 0, NULL, lv, NULL));
   int wrong = 0;
   n = 0;
   for (uint32_t k = 0; k < LIVE; k++) {
@@ -292,7 +297,8 @@ static void run_stress(uint64_t host) {
   int64_t ik[IMPORTED];
   float *iv = malloc(sizeof(float) * IMPORTED * DIM);
   for (uint32_t i = 0; i < IMPORTED; i++) ik[i] = imported_key(i);
-  CHECK_OK(dynemb_lookup(T, ik, IMPORTED, DYNEMB_LOOKUP_EVAL, 0, iv));
+  CHECK_OK(
+      dynemb_lookup(T, ik, IMPORTED, DYNEMB_LOOKUP_EVAL, 0, NULL, iv, NULL));
   int iwrong = 0;
   for (uint32_t i = 0; i < IMPORTED * DIM; i++) iwrong += iv[i] != 5.0f;
   CHECK(iwrong == 0);

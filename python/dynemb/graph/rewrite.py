@@ -20,9 +20,9 @@ give the same numbers.
 When a table's one apply op takes exactly the gradients of its prepared lookups
 (the usual case; see ``plan_ticket_apply``) the apply op gets the tickets in
 the order of its keys and finds the rows through them
-(``dynemb_apply_prepared``). Otherwise it gets the batch's *trainable keys*
+(``dynemb_apply`` with tickets). Otherwise it gets the batch's *trainable keys*
 (the ids admitted somewhere in the batch, ``trainable_keys``) and drops the
-gradient rows of other ids (``dynemb_apply_filtered``): the same ids.
+gradient rows of other ids (``dynemb_apply`` with a filter): the same ids.
 
 Inputs of the dynemb ops are set by name (``set_input``), never by position.
 """
@@ -337,7 +337,7 @@ def plan_ticket_apply(graph: tf.Graph, table_name: str,
 
 
 def ticket_apply(plan: TicketPlan, tickets_of: Dict[str, tf.Tensor]) -> None:
-    """Switches the plan's apply op to dynemb_apply_prepared: its `tickets` input
+    """Switches the plan's apply op to the prepared apply (tickets): its `tickets` input
     becomes the admission tickets of the planned lookups (`tickets_of`: lookup op
     name -> the tickets it reads with) in the order of its keys."""
     apply_op, tree = plan
@@ -381,7 +381,7 @@ def filter_applies(graph: tf.Graph, table_name: str, keys_sets: Sequence[tf.Tens
             trainable = (keys_sets[0] if len(keys_sets) == 1 else
                          tf.concat(list(keys_sets), 0))
         # The engine drops the gradient rows of keys outside `trainable`
-        # (dynemb_apply_filtered) while it dedupes the batch.
+        # (a filtered dynemb_apply) while it dedupes the batch.
         set_input(op, "trainable", trainable)
         op._set_attr("use_trainable", attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
     return len(applies)
