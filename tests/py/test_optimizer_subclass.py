@@ -208,3 +208,20 @@ def test_compute_gradients_without_tables_names_var_list():
     tf.Variable(1.0)
     with pytest.raises(ValueError, match="var_list is None and the graph has no dynemb tables"):
         lazy_adam.create_hash_optimizer().compute_gradients(tf.constant(1.0))
+
+
+def test_sgd_weight_decay_reads_the_rows_this_step_creates():
+    """SGD's weight decay reads the rows of the batch's ids; for ids seen for
+    the first time it must read them after the step's lookup created them (a
+    read before that finds no row, and the decay term is lost)."""
+    lr, decay, start = 0.1, 0.5, 0.5
+    opt = gradient_descent.create_hash_optimizer(lr, weight_decay=decay)
+    t = dynemb.create_table(tf.int64, 2, "wd", tf.compat.v1.constant_initializer(start))
+    ids = tf.compat.v1.placeholder(tf.int64, [None])
+    loss = tf.reduce_sum(dynemb.sparse_lookup(t, ids))  # every gradient row is 1
+    train = opt.minimize(loss)
+    with tf.compat.v1.Session() as s:
+        for step in range(40):  # fresh ids each step
+            s.run(train, {ids: np.arange(4) + 10 * step})
+    _, values = export_sorted("wd")
+    np.testing.assert_allclose(values, start - lr * (1 + decay * start), rtol=1e-6)

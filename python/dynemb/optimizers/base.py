@@ -83,7 +83,7 @@ class ByAddressMixin:
                         name: Optional[str] = None,
                         skip_gradients_aggregation: bool = False) -> tf.Operation:
         pairs = []
-        for grad, var in _pairs(self._name, grads_and_vars):  # type: ignore[attr-defined]
+        for grad, var in _pairs(self._name, grads_and_vars):
             address = self._address_of(var)
             table, rows = address_table(address)
             if grad is None:
@@ -92,8 +92,8 @@ class ByAddressMixin:
             if isinstance(grad, tf.IndexedSlices):
                 grad = tf.convert_to_tensor(grad)
             grad = tf.reshape(tf.cast(grad, tf.float32), [-1, table.dim])
-            if self.weight_decay:  # type: ignore[attr-defined]
-                grad = _decayed(grad, address, rows, self.weight_decay)  # type: ignore[attr-defined]
+            if self.weight_decay:
+                grad = _decayed(grad, address, rows, self.weight_decay)
             pairs.append((tf.IndexedSlices(grad, address), table.anchor))
         self._decayed_here = True
         try:
@@ -251,7 +251,10 @@ class SparseOptimizer(tf.compat.v1.train.Optimizer):
             keys = tf.cast(keys, tf.int64)
         values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, table.dim])
         if self.weight_decay and not self._decayed_here:
-            rows = self._current_rows(table, keys)
+            # after the step's lookups (the gradient's values wait for them):
+            # a row they create this step is read as created, not as missing
+            with tf.control_dependencies([values]):
+                rows = self._current_rows(table, keys)
             values = _decayed(values, keys, rows, self.weight_decay)
         if table.padding_keys:  # their rows are never updated
             pads = tf.constant(table.padding_keys, tf.int64)
