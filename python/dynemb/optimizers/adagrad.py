@@ -9,6 +9,7 @@ from dynemb.optimizers.base import SparseOptimizer
 class CustomizedAdagrad(SparseOptimizer):
     KIND = _lib.OPT_ADAGRAD
     optimizer_type = "adagrad"
+    SLOT_NAMES = ("accumulator",)
 
     def __init__(self, learning_rate, initial_accumulator_value, use_locking, name):
         super().__init__(learning_rate, use_locking, name)

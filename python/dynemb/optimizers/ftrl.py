@@ -9,6 +9,7 @@ from dynemb.optimizers.base import SparseOptimizer
 class CustomizedFtrl(SparseOptimizer):
     KIND = _lib.OPT_FTRL
     optimizer_type = "ftrl"
+    SLOT_NAMES = ("accum", "linear")
 
     def __init__(self, learning_rate, use_locking=False, name="Ftrl", **kwargs):
         super().__init__(learning_rate, use_locking, name)

@@ -10,6 +10,7 @@ from dynemb.optimizers.base import SparseOptimizer
 class CustomizedLazyAdam(SparseOptimizer):
     KIND = _lib.OPT_ADAM
     optimizer_type = "lazy_adam"
+    SLOT_NAMES = ("m", "v")
 
     def __init__(self, learning_rate, beta1, beta2, epsilon, use_locking, name):
         super().__init__(learning_rate, use_locking, name)
