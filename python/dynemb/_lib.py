@@ -171,6 +171,9 @@ _SIGS = {
         ctypes.POINTER(ctypes.c_int)]),
     "dynemb_checkpoint_base": (ctypes.c_int, [ctypes.c_char_p,
                                               ctypes.POINTER(ctypes.c_void_p)]),
+    "dynemb_checkpoint_parts": (ctypes.c_int, [
+        ctypes.c_char_p, ctypes.POINTER(ctypes.POINTER(ctypes.c_char_p)),
+        ctypes.POINTER(ctypes.c_size_t)]),
     "dynemb_checkpoint_load": (ctypes.c_int, [ctypes.c_char_p, _P, ctypes.c_char_p,
                                               ctypes.c_uint, ctypes.c_uint32, ctypes.c_uint32]),
 }

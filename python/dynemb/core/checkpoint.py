@@ -53,6 +53,8 @@ from dynemb.util.log import logger
 LEGACY_SUFFIX = ".dynemb"  # <checkpoint prefix>.dynemb: earlier versions' tiered rows
 SPARSE_PREFIX = "sparse-"   # <dir>/sparse-<prefix basename>: the tables' rows
 _PART = re.compile(r"^rank-(\d+)-of-(\d+)$")  # a rank's part of a checkpoint directory
+_LIBC = ctypes.CDLL(None)  # (free() of what the engine allocates for us)
+_LIBC.free.argtypes = [ctypes.c_void_p]
 
 
 def part_dir(path: str, rank: int, size: int) -> str:
@@ -62,27 +64,20 @@ def part_dir(path: str, rank: int, size: int) -> str:
 
 def checkpoint_parts(path: str) -> list[str]:
     """The engine checkpoint directories that make up checkpoint `path`: its
-    rank parts (all of them, or an error naming the missing ones), or `path`
-    itself when one process wrote it."""
+    rank parts (all of them, or a ValueError naming the missing ones), or
+    `path` itself when one process wrote it (the engine's rule,
+    dynemb_checkpoint_parts, which the command-line tool follows too)."""
+    out = ctypes.POINTER(ctypes.c_char_p)()
+    n = ctypes.c_size_t()
     try:
-        found = [(int(m.group(1)), int(m.group(2)), n) for n in os.listdir(path)
-                 for m in [_PART.match(n)] if m]
-    except OSError:
-        return [path]
-    if not found:
-        return [path]
-    sizes = sorted({size for _, size, _ in found})
-    if len(sizes) > 1:
-        raise ValueError("dynemb: checkpoint '%s' holds parts written by %s ranks; a "
-                         "checkpoint is written by one set of ranks: remove the stray parts"
-                         % (path, " and ".join(map(str, sizes))))
-    have = {r for r, _, _ in found}
-    missing = [r for r in range(sizes[0]) if r not in have]
-    if missing:
-        raise ValueError("dynemb: checkpoint '%s' was written by %d ranks, but the parts of "
-                         "rank(s) %s are missing; restore them, or start from another "
-                         "checkpoint" % (path, sizes[0], ", ".join(map(str, missing))))
-    return [os.path.join(path, n) for _, _, n in sorted(found)]
+        _lib.check(_lib.clib.dynemb_checkpoint_parts(str(path).encode(), ctypes.byref(out),
+                                                     ctypes.byref(n)))
+    except _lib.DynembError as e:
+        raise ValueError(str(e)) from None
+    try:
+        return [out[i].decode() for i in range(n.value)]
+    finally:
+        _LIBC.free(ctypes.cast(out, ctypes.c_void_p))
 
 
 def _all_ranks_ok(channel: int, error: Optional[str], what: str) -> None:
@@ -201,10 +196,6 @@ def checkpoint_base(path: str) -> Optional[str]:
         return os.path.normpath(ctypes.string_at(out.value).decode())
     finally:
         _LIBC.free(out)
-
-
-_LIBC = ctypes.CDLL(None)
-_LIBC.free.argtypes = [ctypes.c_void_p]
 
 
 def chain_dirs(sparse: str) -> set:
