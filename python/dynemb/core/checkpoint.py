@@ -234,6 +234,7 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
     saved rows whatever optimizer trained them (docs/checkpoint-format.md,
     "Optimizer state on restore"). Each table is verified before it
     changes. Returns the names restored."""
+    tables = list(tables) if tables is not None else None
     graphs = {getattr(t, "graph", None) for t in tables or () if not isinstance(t, str)}
     graph = graphs.pop() if len(graphs) == 1 and None not in graphs else \
         tf.compat.v1.get_default_graph()
