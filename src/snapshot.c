@@ -315,20 +315,15 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
   const int adopt = (flags & DYNEMB_IMPORT_ADOPT_LAYOUT) != 0;
   const int differs = snap->optimizer_kind != t->cfg.optimizer.kind ||
                       snap->row_floats != t->row_floats;
-  /* adopting: the table's hyper-parameters, the snapshot's kind */
-  dynemb_optimizer adopted = t->cfg.optimizer;
-  adopted.kind = snap->optimizer_kind;
-  if (adopt && differs) {
-    int vrc = dynemb_optim_validate(&adopted, t->name);
-    if (vrc) return vrc;
-  }
   if (!emb_only && !adopt && differs)
     return dynemb_error_set(
         DYNEMB_EMISMATCH,
         "table '%s': snapshot rows hold optimizer %s state (%d floats per "
         "row) but the table uses %s (%d floats per row); use the same "
-        "optimizer or pass DYNEMB_IMPORT_EMBEDDING_ONLY to take only the "
-        "embeddings",
+        "optimizer, pass DYNEMB_IMPORT_EMBEDDING_ONLY to take only the "
+        "embeddings, or, for a table that no optimizer trains yet, "
+        "DYNEMB_IMPORT_ADOPT_LAYOUT (with _REPLACE) to take the snapshot's "
+        "optimizer state too",
         t->name, dynemb_optimizer_name(snap->optimizer_kind), snap->row_floats,
         dynemb_optimizer_name(t->cfg.optimizer.kind), t->row_floats);
   if ((snap->rows && (!snap->keys || !snap->values)) ||
@@ -358,7 +353,12 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
   int rc = DYNEMB_OK;
   dynemb_table_lock_all(t, 1);
   int relayout = 0;
-  if (adopt && differs) {
+  /* adopting: the table's hyper-parameters, the snapshot's kind (read
+   * again under the locks, which a change of optimizer takes too) */
+  dynemb_optimizer adopted = t->cfg.optimizer;
+  adopted.kind = snap->optimizer_kind;
+  if (adopt && (snap->optimizer_kind != t->cfg.optimizer.kind ||
+                snap->row_floats != t->row_floats)) {
     uint64_t held = 0;
     for (uint32_t s = 0; s < t->nshards; s++) held += t->shards[s].rows.count;
     if (held && !replace)
@@ -372,7 +372,8 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
           dynemb_optimizer_name(t->cfg.optimizer.kind),
           dynemb_optimizer_name(snap->optimizer_kind));
     else
-      relayout = 1;
+      rc = dynemb_optim_validate(&adopted, t->name);
+    relayout = !rc;
   }
   /* 1. count what will be added (nothing changes yet). With an SSD tier,
    * new rows fill host memory up to its budget (in key order) and go to
