@@ -498,8 +498,15 @@ enum dynemb_import_flags {
   DYNEMB_IMPORT_REPLACE = 1,        /* clear the table first */
   DYNEMB_IMPORT_EMBEDDING_ONLY = 2, /* take embeddings, fresh optimizer
                                        slots (for a different optimizer) */
-  DYNEMB_IMPORT_KEEP_STEPS = 4      /* keep the table's apply_steps instead
+  DYNEMB_IMPORT_KEEP_STEPS = 4,     /* keep the table's apply_steps instead
                                        of taking the snapshot's */
+  /* The table takes the snapshot's optimizer kind and row layout (its
+   * other hyper-parameters kept) where they differ, instead of EMISMATCH:
+   * for a table that no optimizer trains yet, such as one an inference
+   * graph reads. Only with REPLACE or into a table without rows, as a new
+   * layout drops every row (an ENOMEM after that leaves the table empty);
+   * not with EMBEDDING_ONLY. */
+  DYNEMB_IMPORT_ADOPT_LAYOUT = 8
 };
 
 /* Which shard of `shard_count` a key belongs to (hash based, the same on
@@ -513,7 +520,8 @@ DYNEMB_API uint32_t dynemb_key_shard(int64_t key, uint32_t shard_count);
  * keeping only keys with dynemb_key_shard(key, shard_count) == shard_index
  * (shard_count 0 or 1 keeps all). Checks are done before anything changes.
  * Errors: EDIM (snapshot dim differs), EMISMATCH (optimizer layout differs
- * and EMBEDDING_ONLY not given), EINVAL, ECAPACITY, ENOMEM. */
+ * and neither EMBEDDING_ONLY nor ADOPT_LAYOUT given, or ADOPT_LAYOUT into a
+ * table with rows without REPLACE), EINVAL, ECAPACITY, ENOMEM. */
 DYNEMB_API int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
                                    unsigned flags, uint32_t shard_index,
                                    uint32_t shard_count);
@@ -640,6 +648,17 @@ DYNEMB_API int dynemb_checkpoint_verify(const char *dir);
  * tools and for readers that do not want a registered table). */
 DYNEMB_API int dynemb_checkpoint_read(const char *dir, const char *name,
                                       dynemb_snapshot *snap);
+
+/* The engine checkpoints that make up checkpoint `dir`. N ranks write one
+ * part each, `dir`/rank-<r>-of-<N> (an engine checkpoint of the keys that
+ * rank owns); *parts gets the N paths in rank order. A directory without
+ * parts (one process wrote it; or no checkpoint at all, which the other
+ * calls report) gives `dir` itself, *n = 1. *parts is one malloc'ed block,
+ * the array and its strings: free() it. Errors: ECORRUPT (parts of two rank
+ * counts, or a rank's part missing: the message names them), EINVAL,
+ * ENOMEM. */
+DYNEMB_API int dynemb_checkpoint_parts(const char *dir, char ***parts,
+                                       size_t *n);
 
 #ifdef __cplusplus
 }

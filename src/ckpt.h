@@ -1,7 +1,7 @@
 /*
  * ckpt.h -- internal interfaces of the checkpoint code.
  *
- * Checkpoints are split by concern over five files:
+ * Checkpoints are split by concern over six files:
  *   ckpt_io.c        POSIX file I/O (full writes, reads, fsync) and the
  *                    test-only crash injection that the writers go through;
  *   ckpt_format.c    the per-table binary file (header, checksummed
@@ -12,7 +12,9 @@
  *                    and following a chain of incremental checkpoints;
  *   ckpt_delta.c     incremental saves: what changed since the last one
  *                    (fingerprints), the removed-keys file, a chain merged
- *                    in memory.
+ *                    in memory;
+ *   ckpt_parts.c     the parts of a checkpoint several ranks wrote
+ *                    (rank-<r>-of-<N>, one engine checkpoint each).
  * The byte layout is documented in docs/checkpoint-format.md.
  */
 #ifndef DYNEMB_CKPT_H

@@ -3,7 +3,10 @@
  * (every shard's read lock held, rows sorted by key), streamed readers for
  * checkpoints of tables larger than memory, and import (checkpoint
  * restore, warm start, re-sharding across workers), which checks and
- * reserves everything before it changes anything.
+ * reserves everything before it changes anything. An import that adopts
+ * the snapshot's optimizer layout (a table no optimizer trains yet, read
+ * by an inference graph) drops the table's rows before it reserves, since
+ * the old rows cannot live in the new layout.
  */
 #include "table_int.h"
 
@@ -277,12 +280,19 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
                             "table '%s': import got a NULL snapshot",
                             t->name);
   if (flags & ~(unsigned)(DYNEMB_IMPORT_REPLACE | DYNEMB_IMPORT_EMBEDDING_ONLY |
-                          DYNEMB_IMPORT_KEEP_STEPS))
+                          DYNEMB_IMPORT_KEEP_STEPS | DYNEMB_IMPORT_ADOPT_LAYOUT))
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': import flags 0x%x contain unknown "
                             "bits; use DYNEMB_IMPORT_REPLACE, "
-                            "_EMBEDDING_ONLY and _KEEP_STEPS",
+                            "_EMBEDDING_ONLY, _KEEP_STEPS and _ADOPT_LAYOUT",
                             t->name, flags);
+  if ((flags & DYNEMB_IMPORT_EMBEDDING_ONLY) &&
+      (flags & DYNEMB_IMPORT_ADOPT_LAYOUT))
+    return dynemb_error_set(DYNEMB_EINVAL,
+                            "table '%s': import flags EMBEDDING_ONLY (keep the "
+                            "table's optimizer) and ADOPT_LAYOUT (take the "
+                            "snapshot's) contradict each other; pass one",
+                            t->name);
   if (shard_count > 1 && shard_index >= shard_count)
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': import shard_index %u is not below "
@@ -302,14 +312,18 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
                             t->name, snap->optimizer_kind, snap->row_floats,
                             snap->dim);
   const int emb_only = (flags & DYNEMB_IMPORT_EMBEDDING_ONLY) != 0;
-  if (!emb_only && (snap->optimizer_kind != t->cfg.optimizer.kind ||
-                    snap->row_floats != t->row_floats))
+  const int adopt = (flags & DYNEMB_IMPORT_ADOPT_LAYOUT) != 0;
+  const int differs = snap->optimizer_kind != t->cfg.optimizer.kind ||
+                      snap->row_floats != t->row_floats;
+  if (!emb_only && !adopt && differs)
     return dynemb_error_set(
         DYNEMB_EMISMATCH,
         "table '%s': snapshot rows hold optimizer %s state (%d floats per "
         "row) but the table uses %s (%d floats per row); use the same "
-        "optimizer or pass DYNEMB_IMPORT_EMBEDDING_ONLY to take only the "
-        "embeddings",
+        "optimizer, pass DYNEMB_IMPORT_EMBEDDING_ONLY to take only the "
+        "embeddings, or, for a table that no optimizer trains yet, "
+        "DYNEMB_IMPORT_ADOPT_LAYOUT (with _REPLACE) to take the snapshot's "
+        "optimizer state too",
         t->name, dynemb_optimizer_name(snap->optimizer_kind), snap->row_floats,
         dynemb_optimizer_name(t->cfg.optimizer.kind), t->row_floats);
   if ((snap->rows && (!snap->keys || !snap->values)) ||
@@ -338,6 +352,29 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
   }
   int rc = DYNEMB_OK;
   dynemb_table_lock_all(t, 1);
+  int relayout = 0;
+  /* adopting: the table's hyper-parameters, the snapshot's kind (read
+   * again under the locks, which a change of optimizer takes too) */
+  dynemb_optimizer adopted = t->cfg.optimizer;
+  adopted.kind = snap->optimizer_kind;
+  if (adopt && (snap->optimizer_kind != t->cfg.optimizer.kind ||
+                snap->row_floats != t->row_floats)) {
+    uint64_t held = 0;
+    for (uint32_t s = 0; s < t->nshards; s++) held += t->shards[s].rows.count;
+    if (held && !replace)
+      rc = dynemb_error_set(
+          DYNEMB_EMISMATCH,
+          "table '%s' holds %llu rows with %s state, and the snapshot's rows "
+          "hold %s state: it can take the snapshot's layout only when its "
+          "rows are replaced; pass DYNEMB_IMPORT_REPLACE as well, or "
+          "DYNEMB_IMPORT_EMBEDDING_ONLY instead",
+          t->name, (unsigned long long)held,
+          dynemb_optimizer_name(t->cfg.optimizer.kind),
+          dynemb_optimizer_name(snap->optimizer_kind));
+    else
+      rc = dynemb_optim_validate(&adopted, t->name);
+    relayout = !rc;
+  }
   /* 1. count what will be added (nothing changes yet). With an SSD tier,
    * new rows fill host memory up to its budget (in key order) and go to
    * SSD after that; rows already on SSD are rewritten there. */
@@ -349,7 +386,7 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
   uint64_t total = 0, host_room = host_room0, ssd_new = 0;
   for (uint32_t s = 0; s < t->nshards; s++)
     total += replace ? 0 : t->shards[s].rows.count;
-  for (size_t i = 0; i < nr; i++) {
+  for (size_t i = 0; i < nr && !rc; i++) {
     int64_t key = snap->keys[rsel[i].v];
     uint64_t h = dynemb_hash_key(key);
     uint32_t s = dynemb_table_shard_of(t, h);
@@ -369,7 +406,9 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
     need[3 * s + 1]++;
   }
   uint64_t budget = t->cfg.host_vocabulary_size;
-  if (ssd && (replace ? 0 : dynemb_ssd_used(&t->ssd)) + ssd_new >
+  if (rc) {
+    /* (the layout check above failed) */
+  } else if (ssd && (replace ? 0 : dynemb_ssd_used(&t->ssd)) + ssd_new >
                  t->cfg.ssd_vocabulary_size)
     rc = dynemb_error_set(DYNEMB_ECAPACITY,
                           "table '%s': importing would make %llu rows but "
@@ -386,6 +425,13 @@ int dynemb_table_import(dynemb_table *t, const dynemb_snapshot *snap,
                           t->name, (unsigned long long)total,
                           t->host_budget_name, (unsigned long long)budget,
                           t->host_budget_name);
+  /* 1b. the snapshot's layout: every row's storage goes (a replace drops
+   * the rows anyway), so the index forgets them at once */
+  if (!rc && relayout) {
+    rc = dynemb_table_relayout_locked(t, &adopted);
+    for (uint32_t s = 0; s < t->nshards && !rc; s++)
+      dynemb_index_clear_keep(&t->shards[s].rows);
+  }
   /* 2. reserve index entries and row numbers, so that step 3 cannot fail */
   for (uint32_t s = 0; s < t->nshards && !rc; s++) {
     dynemb_shard *sh = &t->shards[s];

@@ -342,6 +342,33 @@ void dynemb_table_unlock_all(dynemb_table *t) {
     pthread_rwlock_unlock(&t->shards[s].lock);
 }
 
+int dynemb_table_relayout_locked(dynemb_table *t, const dynemb_optimizer *opt) {
+  /* The row layout follows the new optimizer's slots. The tier file comes
+   * first, as it is the step that can fail. */
+  const int slots = dynemb_optim_slot_count(opt->kind);
+  const size_t emb_f = (size_t)t->dim, slot_f = (size_t)t->dim * (size_t)slots;
+  const size_t row_f = emb_f + slot_f;
+  int rc = dynemb_ssd_relayout(&t->ssd, emb_f * sizeof(float),
+                               slot_f * sizeof(float));
+  if (rc) return rc;
+  for (uint32_t s = 0; s < t->nshards; s++) {
+    dynemb_arena_free(&t->shards[s].arena);
+    dynemb_tier_host_clear(&t->shards[s]);
+    t->shards[s].gen++;
+  }
+  dynemb_slab_pool_reshape(&t->pool, dynemb_arena_max_chunk_bytes(row_f, emb_f));
+  dynemb_slab_pool_reshape(&t->slot_pool, dynemb_arena_max_chunk_bytes(
+                                              row_f, slot_f ? slot_f : 1));
+  for (uint32_t s = 0; s < t->nshards; s++)
+    dynemb_arena_init(&t->shards[s].arena, emb_f, slot_f, &t->pool,
+                      &t->slot_pool);
+  t->cfg.optimizer = *opt;
+  t->slots = slots;
+  t->row_floats = (int)row_f;
+  STORE(&t->rows_total, 0);
+  return DYNEMB_OK;
+}
+
 int dynemb_table_set_optimizer(dynemb_table *t, const dynemb_optimizer *opt) {
   dynemb_error_clear();
   if (!t) return dynemb_table_null_error("dynemb_table_set_optimizer");
@@ -354,7 +381,6 @@ int dynemb_table_set_optimizer(dynemb_table *t, const dynemb_optimizer *opt) {
   dynemb_table_lock_all(t, 1);
   uint64_t rows = 0;
   for (uint32_t s = 0; s < t->nshards; s++) rows += t->shards[s].rows.count;
-  const int slots = dynemb_optim_slot_count(opt->kind);
   if (opt->kind == t->cfg.optimizer.kind) {
     t->cfg.optimizer = *opt; /* the same state: new hyper-parameters */
   } else if (rows) {
@@ -368,29 +394,7 @@ int dynemb_table_set_optimizer(dynemb_table *t, const dynemb_optimizer *opt) {
         dynemb_optimizer_name(t->cfg.optimizer.kind),
         dynemb_optimizer_name(opt->kind));
   } else {
-    /* No rows: the row layout follows the new optimizer's slots. The tier
-     * file comes first, as it is the step that can fail. */
-    const size_t emb_f = (size_t)t->dim, slot_f = (size_t)t->dim * (size_t)slots;
-    const size_t row_f = emb_f + slot_f;
-    rc = dynemb_ssd_relayout(&t->ssd, emb_f * sizeof(float),
-                             slot_f * sizeof(float));
-    if (!rc) {
-      for (uint32_t s = 0; s < t->nshards; s++) {
-        dynemb_arena_free(&t->shards[s].arena);
-        dynemb_tier_host_clear(&t->shards[s]);
-        t->shards[s].gen++;
-      }
-      dynemb_slab_pool_reshape(&t->pool, dynemb_arena_max_chunk_bytes(row_f, emb_f));
-      dynemb_slab_pool_reshape(&t->slot_pool, dynemb_arena_max_chunk_bytes(
-                                                  row_f, slot_f ? slot_f : 1));
-      for (uint32_t s = 0; s < t->nshards; s++)
-        dynemb_arena_init(&t->shards[s].arena, emb_f, slot_f, &t->pool,
-                          &t->slot_pool);
-      t->cfg.optimizer = *opt;
-      t->slots = slots;
-      t->row_floats = (int)row_f;
-      STORE(&t->rows_total, 0);
-    }
+    rc = dynemb_table_relayout_locked(t, opt);
   }
   dynemb_table_unlock_all(t);
   return rc;

@@ -179,6 +179,12 @@ int dynemb_table_null_error(const char *fn);
 int dynemb_table_check_now(const dynemb_table *t, int64_t now);
 void dynemb_table_lock_all(dynemb_table *t, int write);
 void dynemb_table_unlock_all(dynemb_table *t);
+/* table.c, with every shard write-locked: the table takes optimizer `opt`
+ * (validated) and the row layout of its slots. Every row's storage is
+ * dropped, so the caller makes sure no index entry points at a row (the
+ * table holds none, or the caller clears them). Nothing changes if the
+ * SSD tier's new file cannot be made (the one step that can fail). */
+int dynemb_table_relayout_locked(dynemb_table *t, const dynemb_optimizer *opt);
 
 /* tier.c, with the shard write-locked. insert_row: a fresh row for absent
  * `key`, growing the index into `spare` (may be NULL) if it was made for

@@ -5,7 +5,9 @@
  * Each table (all of DIR's by default) is read and verified whole, then
  * written as two NumPy files, OUT/<table>/keys.npy (int64 [rows], sorted)
  * and OUT/<table>/embeddings.npy (float32 [rows, dim]; no optimizer state),
- * the same files dynemb.export_tables writes. A table goes to a temporary
+ * the same files dynemb.export_tables writes. From a checkpoint of several
+ * ranks a table's rows are those of every part (ckpt_parts.h), merged by
+ * key: the files are what one process holding the whole table writes. A table goes to a temporary
  * directory first and is renamed into place, so OUT never holds half a
  * table. NumPy's format is a short text header and the raw little-endian
  * array, so it is written here rather than through a library.
@@ -18,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt_parts.h"
 #include "cmds.h"
 #include "dynemb.h"
 
@@ -60,22 +63,94 @@ static void remove_tree(const char *dir) {
   (void)rmdir(dir);
 }
 
-/* Exports table `name` of checkpoint `dir` into out/<name>. */
-static int export_table(const char *dir, const char *out, const char *name) {
+/* A table's rows over every part: keys ascending, each key once (a table
+ * replicated on every rank has each key in every part: the first part's
+ * row is taken), embeddings only. */
+typedef struct merged {
+  size_t rows;
+  int dim;
+  int64_t *keys;
+  float *emb;
+} merged;
+
+/* Reads table `name` from every part (each verified whole) and merges the
+ * parts' sorted keys. 0, or 1 after printing the error. */
+static int read_merged(const ckpt_parts *p, const char *name, merged *m) {
+  memset(m, 0, sizeof *m);
+  dynemb_snapshot *s = calloc(p->n, sizeof *s);
+  size_t *at = calloc(p->n, sizeof *at);
+  int rc = !s || !at;
+  if (rc)
+    fprintf(stderr, "dynemb ckpt export: table '%s': out of memory\n", name);
+  size_t all = 0;
+  for (size_t i = 0; i < p->n && !rc; i++) {
+    if (dynemb_checkpoint_read(p->part[i].path, name, &s[i]) != DYNEMB_OK) {
+      if (p->ranked)
+        fprintf(stderr, "dynemb ckpt export: part %s: %s\n",
+                p->part[i].label, dynemb_last_error());
+      else
+        fprintf(stderr, "dynemb ckpt export: %s\n", dynemb_last_error());
+      rc = 1;
+    } else if (s[i].dim != s[0].dim) {
+      fprintf(stderr, "dynemb ckpt export: table '%s' has dim %d in part %s "
+              "but dim %d in part %s: the parts come from different runs; "
+              "restore the checkpoint from a backup\n", name, s[i].dim,
+              p->part[i].label, s[0].dim, p->part[0].label);
+      rc = 1;
+    } else {
+      all += s[i].rows;
+    }
+  }
+  if (!rc) {
+    m->dim = s[0].dim;
+    m->keys = malloc(all * sizeof *m->keys + 1);
+    m->emb = malloc(all * (size_t)m->dim * sizeof *m->emb + 1);
+    if (!m->keys || !m->emb) {
+      fprintf(stderr, "dynemb ckpt export: table '%s': out of memory for "
+              "%zu rows\n", name, all);
+      rc = 1;
+    }
+  }
+  /* k-way merge: a few parts, so the smallest head is found by a scan */
+  while (!rc) {
+    size_t best = p->n;
+    for (size_t i = 0; i < p->n; i++)
+      if (at[i] < s[i].rows &&
+          (best == p->n || s[i].keys[at[i]] < s[best].keys[at[best]]))
+        best = i;
+    if (best == p->n) break;
+    const int64_t key = s[best].keys[at[best]];
+    m->keys[m->rows] = key;
+    memcpy(m->emb + m->rows * (size_t)m->dim,
+           s[best].values + at[best] * (size_t)s[best].row_floats,
+           (size_t)m->dim * sizeof *m->emb);
+    m->rows++;
+    for (size_t i = 0; i < p->n; i++) /* (sorted: a key once per part) */
+      if (at[i] < s[i].rows && s[i].keys[at[i]] == key) at[i]++;
+  }
+  for (size_t i = 0; s && i < p->n; i++) dynemb_snapshot_free(&s[i]);
+  free(s);
+  free(at);
+  if (rc) {
+    free(m->keys);
+    free(m->emb);
+    memset(m, 0, sizeof *m);
+  }
+  return rc;
+}
+
+/* Exports table `name` of the checkpoint into out/<name>. */
+static int export_table(const ckpt_parts *p, const char *out,
+                        const char *name) {
   if (!*name || strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")) {
     fprintf(stderr, "dynemb ckpt export: table '%s' cannot be a directory name "
             "(a '/' or '.' / '..'); export it with dynemb.export_tables under "
             "another name\n", name);
     return 1;
   }
-  dynemb_snapshot s;
-  memset(&s, 0, sizeof s);
-  if (dynemb_checkpoint_read(dir, name, &s) != DYNEMB_OK) {
-    fprintf(stderr, "dynemb ckpt export: %s\n", dynemb_last_error());
-    return 1;
-  }
+  merged m;
+  if (read_merged(p, name, &m)) return 1;
   int rc = 1;
-  float *emb = malloc(s.rows * (size_t)s.dim * sizeof *emb + 1);
   char tmp[4096], final[4096], path[4096 + 32];
   if (snprintf(final, sizeof final, "%s/%s", out, name) >= (int)sizeof final ||
       snprintf(tmp, sizeof tmp, "%s/%s.tmp-export", out, name) >= (int)sizeof tmp) {
@@ -83,24 +158,16 @@ static int export_table(const char *dir, const char *out, const char *name) {
             "long\n", name, out);
     goto done;
   }
-  if (!emb) {
-    fprintf(stderr, "dynemb ckpt export: table '%s': out of memory for %zu "
-            "rows\n", name, s.rows);
-    goto done;
-  }
-  for (size_t r = 0; r < s.rows; r++)
-    memcpy(emb + r * (size_t)s.dim, s.values + r * (size_t)s.row_floats,
-           (size_t)s.dim * sizeof *emb);
   remove_tree(tmp);
   int e = mkdir(tmp, 0755) ? errno : 0;
   if (!e) {
     snprintf(path, sizeof path, "%s/keys.npy", tmp);
-    e = write_npy(path, "<i8", s.rows, 0, s.keys, s.rows * sizeof *s.keys);
+    e = write_npy(path, "<i8", m.rows, 0, m.keys, m.rows * sizeof *m.keys);
   }
   if (!e) {
     snprintf(path, sizeof path, "%s/embeddings.npy", tmp);
-    e = write_npy(path, "<f4", s.rows, s.dim, emb,
-                  s.rows * (size_t)s.dim * sizeof *emb);
+    e = write_npy(path, "<f4", m.rows, m.dim, m.emb,
+                  m.rows * (size_t)m.dim * sizeof *m.emb);
   }
   if (!e) {
     remove_tree(final);
@@ -112,11 +179,13 @@ static int export_table(const char *dir, const char *out, const char *name) {
     remove_tree(tmp);
     goto done;
   }
-  printf("%s: %zu rows x %d -> %s\n", name, s.rows, s.dim, final);
+  printf("%s: %zu rows x %d -> %s", name, m.rows, m.dim, final);
+  if (p->ranked) printf(" (from %zu parts)", p->n);
+  putchar('\n');
   rc = 0;
 done:
-  free(emb);
-  dynemb_snapshot_free(&s);
+  free(m.keys);
+  free(m.emb);
   return rc;
 }
 
@@ -126,24 +195,20 @@ int dynemb_cmd_ckpt_export(int argc, char **argv) {
     return 2;
   }
   const char *dir = argv[0], *out = argv[1];
+  ckpt_parts p;
+  if (ckpt_parts_open(dir, "export", argc == 2, &p)) return 1;
   if (mkdir(out, 0755) != 0 && errno != EEXIST) {
     fprintf(stderr, "dynemb ckpt export: cannot create %s (%s)\n", out,
             strerror(errno));
-    return 1;
-  }
-  if (argc > 2) {
-    int rc = 0;
-    for (int i = 2; i < argc; i++) rc |= export_table(dir, out, argv[i]);
-    return rc;
-  }
-  dynemb_ckpt_entry *e = NULL;
-  size_t n = 0;
-  if (dynemb_checkpoint_inspect(dir, &e, &n) != DYNEMB_OK) {
-    fprintf(stderr, "dynemb ckpt export: %s\n", dynemb_last_error());
+    ckpt_parts_close(&p);
     return 1;
   }
   int rc = 0;
-  for (size_t i = 0; i < n; i++) rc |= export_table(dir, out, e[i].name);
-  dynemb_ckpt_entries_free(e, n);
+  if (argc > 2)
+    for (int i = 2; i < argc; i++) rc |= export_table(&p, out, argv[i]);
+  else
+    for (size_t i = 0; i < p.ntotal; i++)
+      rc |= export_table(&p, out, p.total[i].name);
+  ckpt_parts_close(&p);
   return rc;
 }

@@ -21,6 +21,9 @@ static void usage(FILE *f) {
           "version\n"
           "  ckpt verify DIR       check every file and checksum\n"
           "  ckpt export DIR OUT   tables as NumPy files (keys, embeddings)\n"
+          "                        (the ckpt commands read every rank's part of "
+          "a checkpoint\n"
+          "                        several ranks wrote)\n"
           "  version               print the library version\n");
 }
 

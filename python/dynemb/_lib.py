@@ -67,10 +67,11 @@ def sharded_ops() -> Any:
 
 # --- engine constants (include/dynemb.h) ------------------------------------
 OK, EINVAL, ENOMEM, EEXIST, ENOTFOUND, EDIM = 0, 1, 2, 3, 4, 5
+EIO, ECORRUPT, EVERSION, EMISMATCH = 7, 8, 9, 11
 INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_TRUNCATED_NORMAL = range(5)
 OPT_SGD, OPT_ADAGRAD, OPT_ADAM, OPT_FTRL = range(4)
 LOOKUP_TRAIN, LOOKUP_EVAL = 0, 1
-IMPORT_REPLACE, IMPORT_EMBEDDING_ONLY, IMPORT_KEEP_STEPS = 1, 2, 4
+IMPORT_REPLACE, IMPORT_EMBEDDING_ONLY, IMPORT_KEEP_STEPS, IMPORT_ADOPT_LAYOUT = 1, 2, 4, 8
 STATS_FIELDS = ("size", "capacity", "candidates", "bytes", "lookups", "hits",
                 "inserted", "rejected", "evicted", "evicted_candidates",
                 "applied", "dropped_gradients", "nonfinite_skipped", "apply_steps",
@@ -171,6 +172,9 @@ _SIGS = {
         ctypes.POINTER(ctypes.c_int)]),
     "dynemb_checkpoint_base": (ctypes.c_int, [ctypes.c_char_p,
                                               ctypes.POINTER(ctypes.c_void_p)]),
+    "dynemb_checkpoint_parts": (ctypes.c_int, [
+        ctypes.c_char_p, ctypes.POINTER(ctypes.POINTER(ctypes.c_char_p)),
+        ctypes.POINTER(ctypes.c_size_t)]),
     "dynemb_checkpoint_load": (ctypes.c_int, [ctypes.c_char_p, _P, ctypes.c_char_p,
                                               ctypes.c_uint, ctypes.c_uint32, ctypes.c_uint32]),
 }

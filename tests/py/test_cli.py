@@ -1,7 +1,9 @@
 """The `dynemb` command-line tool: `bench` (a tiny run: its JSON is complete
 and self-consistent, bad arguments are refused by name) and `ckpt inspect` /
-`ckpt verify` on a checkpoint written by the engine. No speed is checked here:
-speed is what `make bench` measures (BENCHMARKS.md)."""
+`ckpt verify` on a checkpoint written by the engine, and on parts of one that
+do not agree. (Checkpoints that ranks wrote under mpirun:
+test_incremental_checkpoints.py and test_sharded_training.py.) No speed is
+checked here: speed is what `make bench` measures (BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -134,3 +136,41 @@ def test_ckpt_inspect_and_verify(tmp_path):
     r = _run("ckpt", "verify", str(tmp_path))
     assert r.returncode != 0
     assert victim.name in r.stdout + r.stderr
+
+
+def _save(path, *tables):
+    """An engine checkpoint of empty (name, dim) tables, into path."""
+    handles = []
+    try:
+        for name, dim in tables:
+            h = ctypes.c_void_p()
+            c = _lib.TableConfig()
+            _lib.clib.dynemb_table_config_init(ctypes.byref(c))
+            c.name, c.dim = name.encode(), dim
+            _lib.check(_lib.clib.dynemb_table_create(ctypes.byref(c), ctypes.byref(h)))
+            handles.append(h)
+        arr = (ctypes.c_void_p * len(handles))(*[h.value for h in handles])
+        _lib.check(_lib.clib.dynemb_checkpoint_save(str(path).encode(), arr, len(handles)))
+    finally:
+        for (name, _), h in zip(tables, handles):
+            _lib.clib.dynemb_table_release(h)
+            _lib.clib.dynemb_table_drop(name.encode())
+
+
+def test_ckpt_tools_check_that_the_parts_agree(tmp_path):
+    """Parts of one checkpoint must hold the same tables alike: a part that
+    lacks a table, or holds it with another dim, fails verify naming the part
+    and the table; inspect shows it and says so."""
+    _save(tmp_path / "c" / "rank-0-of-2", ("a", 4), ("b", 4))
+    _save(tmp_path / "c" / "rank-1-of-2", ("a", 4))
+    r = _run("ckpt", "verify", str(tmp_path / "c"))
+    assert r.returncode == 1 and "part rank-1-of-2" in r.stderr and "'b'" in r.stderr, r.stderr
+    r = _run("ckpt", "inspect", "--json", str(tmp_path / "c"))
+    assert r.returncode == 0 and "lacks table 'b'" in r.stderr
+    assert {t["name"]: t["parts"] for t in json.loads(r.stdout)["tables"]} == {"a": 2, "b": 1}
+    _save(tmp_path / "d" / "rank-0-of-2", ("a", 4))
+    _save(tmp_path / "d" / "rank-1-of-2", ("a", 8))
+    r = _run("ckpt", "verify", str(tmp_path / "d"))
+    assert r.returncode == 1 and "dim 8" in r.stderr and "rank-1-of-2" in r.stderr, r.stderr
+    r = _run("ckpt", "export", str(tmp_path / "d"), str(tmp_path / "out"))
+    assert r.returncode == 1 and "dim 8 in part rank-1-of-2" in r.stderr, r.stderr

@@ -195,33 +195,138 @@ def test_command_line_tool_follows_the_chain(tmp_path):
     assert r.returncode != 0 and "builds on" in r.stderr
 
 
+_TOOL = os.path.join(os.path.dirname(__file__), "..", "..", "build", "dynemb")
+_needs_ranks = pytest.mark.skipif(
+    not __import__("shutil").which("mpirun") or not os.path.isfile(os.path.join(
+        os.path.dirname(__file__), "..", "..", "build", "tf", "_dynemb_sharded_ops.so")),
+    reason="needs Open MPI's mpirun and make ops")
+
+
+@pytest.fixture(scope="module")
+def ranked_chains(tmp_path_factory):
+    """{n: directory} of tests/py/mpi/incremental.py run on n ranks (base,
+    delta, full, and each rank's rows at the delta's moment in live/),
+    each run once, when a test first asks for it."""
+    import subprocess
+    import sys
+    runs = {}
+
+    def get(n):
+        if n not in runs:
+            out = tmp_path_factory.mktemp("ranks%d" % n)
+            script = os.path.join(os.path.dirname(__file__), "mpi", "incremental.py")
+            env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
+                       DYNEMB_EXCHANGE_TIMEOUT="60", TF_CPP_MIN_LOG_LEVEL="2")
+            r = subprocess.run(["timeout", "-k", "5", "200", "mpirun", "--oversubscribe",
+                                "--allow-run-as-root", "-np", str(n), sys.executable, script,
+                                str(out)], capture_output=True, text=True, env=env)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+            runs[n] = out
+        return runs[n]
+    return get
+
+
 @pytest.mark.pinned_only
-@pytest.mark.skipif(not __import__("shutil").which("mpirun") or not os.path.isfile(
-    os.path.join(os.path.dirname(__file__), "..", "..", "build", "tf",
-                 "_dynemb_sharded_ops.so")), reason="needs Open MPI's mpirun and make ops")
-def test_two_ranks_chain_restores_onto_one_process(tmp_path):
+@_needs_ranks
+def test_two_ranks_chain_restores_onto_one_process(ranked_chains):
     """A delta written by 2 ranks (each part building on that rank's part of
     the base) restores onto one process exactly as the 2 ranks' full save
     of the same moment."""
-    import subprocess
-    import sys
-    script = os.path.join(os.path.dirname(__file__), "mpi", "incremental.py")
-    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
-               DYNEMB_EXCHANGE_TIMEOUT="60")
-    r = subprocess.run(["timeout", "-k", "5", "200", "mpirun", "--oversubscribe",
-                        "--allow-run-as-root", "-np", "2", sys.executable, script,
-                        str(tmp_path)], capture_output=True, text=True, env=env)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = ranked_chains(2)
     from dynemb.core.checkpoint import checkpoint_base
-    part = str(tmp_path / "delta" / "rank-1-of-2")
-    assert checkpoint_base(part) == str(tmp_path / "base" / "rank-1-of-2")
+    part = str(out / "delta" / "rank-1-of-2")
+    assert checkpoint_base(part) == str(out / "base" / "rank-1-of-2")
     t, _, _, _ = _model()
-    dynemb.restore_tables(str(tmp_path / "full"), [t])
+    dynemb.restore_tables(str(out / "full"), [t])
     want = _state_of("inc")
     assert len(want["keys"]) > 50 and len(want["cand_keys"]) > 0
-    dynemb.restore_tables(str(tmp_path / "base"), [t])
-    dynemb.restore_tables(str(tmp_path / "delta"), [t])
+    dynemb.restore_tables(str(out / "base"), [t])
+    dynemb.restore_tables(str(out / "delta"), [t])
     _same(_state_of("inc"), want)
+
+
+def _tool(*args):
+    import subprocess
+    return subprocess.run([_TOOL, *map(str, args)], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.pinned_only
+@_needs_ranks
+@pytest.mark.parametrize("n", [2, 3])
+def test_command_line_tool_reads_every_rank_part(ranked_chains, n, tmp_path):
+    """`dynemb ckpt inspect|verify|export` on the checkpoints n ranks wrote
+    (a full save, a delta building on one, and a full save of the delta's
+    moment): the rank count, each part's tables as the part alone shows
+    them and their totals; every part verified, a damaged one named; and
+    the export is the union of what the ranks held at that moment."""
+    import json
+    import shutil
+    out = ranked_chains(n)
+    live = [(np.load(out / "live" / ("rank-%d" % r) / "inc" / "keys.npy"),
+             np.load(out / "live" / ("rank-%d" % r) / "inc" / "embeddings.npy"))
+            for r in range(n)]
+    keys = np.concatenate([k for k, _ in live])
+    order = np.argsort(keys)
+    assert len(np.unique(keys)) == len(keys) > 50  # (each key on one rank)
+    want_keys, want_emb = keys[order], np.concatenate([e for _, e in live])[order]
+    labels = ["rank-%d-of-%d" % (r, n) for r in range(n)]
+
+    for ckpt in ("base", "delta", "full"):
+        r = _tool("ckpt", "inspect", "--json", out / ckpt)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        assert got["ranks"] == n and len(got["parts"]) == n
+        alone = [json.loads(_tool("ckpt", "inspect", "--json", out / ckpt / p).stdout)
+                 for p in labels]
+        for part, one, label in zip(got["parts"], alone, labels):
+            assert part["dir"] == str(out / ckpt / label)
+            assert part["tables"] == one["tables"]
+        (total,) = got["tables"]
+        assert total["name"] == "inc" and total["parts"] == n
+        for field in ("rows", "candidates", "file_bytes"):
+            assert total[field] == sum(a["tables"][0][field] for a in alone), field
+        assert total["optimizer"] == "adagrad" and total["dim"] == 3
+        if ckpt == "delta":
+            assert os.path.normpath(got["builds_on"]) == str(out / "base")
+        else:
+            assert got["builds_on"] is None
+        if ckpt == "full":
+            assert total["rows"] == len(want_keys)
+        r = _tool("ckpt", "inspect", out / ckpt)
+        assert "written by %d ranks" % n in r.stdout and "total of %d parts" % n in r.stdout
+        r = _tool("ckpt", "verify", out / ckpt)
+        assert r.returncode == 0 and "(%d parts, 1 table," % n in r.stdout, r.stderr
+
+    for ckpt in ("delta", "full"):
+        r = _tool("ckpt", "export", out / ckpt, tmp_path / ckpt)
+        assert r.returncode == 0, r.stderr
+        np.testing.assert_array_equal(np.load(tmp_path / ckpt / "inc" / "keys.npy"), want_keys)
+        np.testing.assert_array_equal(np.load(tmp_path / ckpt / "inc" / "embeddings.npy"),
+                                      want_emb)
+
+    # A flipped byte in the last rank's part of the base: verify and export
+    # of the delta (which builds on it) fail and name that part and file.
+    copy = tmp_path / "copy"
+    shutil.copytree(out / "base", copy / "base")
+    shutil.copytree(out / "delta", copy / "delta")
+    (victim,) = (copy / "base" / labels[-1]).glob("*.dtab")
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    victim.write_bytes(bytes(data))
+    r = _tool("ckpt", "verify", copy / "delta")
+    assert r.returncode == 1 and r.stdout == ""
+    assert "part %s is damaged" % labels[-1] in r.stderr and victim.name in r.stderr
+    assert "1 of the %d parts" % n in r.stderr
+    assert not any("part %s " % p in r.stderr for p in labels[:-1]), r.stderr
+    r = _tool("ckpt", "export", copy / "delta", tmp_path / "bad")
+    assert r.returncode == 1 and labels[-1] in r.stderr
+    assert not (tmp_path / "bad" / "inc").exists()
+    # A missing part: named by every command.
+    shutil.rmtree(copy / "delta" / labels[0])
+    for cmd in ("inspect", "verify"):
+        r = _tool("ckpt", cmd, copy / "delta")
+        assert r.returncode == 1 and "rank(s) 0 " in r.stderr, r.stderr
 
 
 def test_restore_model_version_picks_the_step(tmp_path):

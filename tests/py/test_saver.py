@@ -179,3 +179,71 @@ def test_tiered_table_checkpoints_follow_max_to_keep(tmp_path):
             shutil.rmtree(tmp_path / "sparse-model-4")
             with pytest.raises(ValueError, match="ckpt_t.*sparse-model-4.*is missing"):
                 saver.restore(s, str(tmp_path / "model-4"))
+
+
+def _saved_once(tmp_path):
+    """A Saver checkpoint of _build's model; its prefix."""
+    t, ids, y, loss, train = _build()
+    saver = tf.compat.v1.train.Saver()
+    with tf.compat.v1.Session() as s:
+        s.run(tf.compat.v1.global_variables_initializer())
+        for a, b in _data(3, 5):
+            s.run(train, {ids: a, y: b})
+        return saver.save(s, str(tmp_path / "model"), global_step=3)
+
+
+def _restore_error(path):
+    """The error of Saver.restore(path) in a new process's graph."""
+    dynemb.clear_tables()
+    with tf.Graph().as_default():
+        _build()
+        with tf.compat.v1.Session() as s:
+            with pytest.raises(dynemb.DynembError) as e:
+                tf.compat.v1.train.Saver().restore(s, path)
+    return str(e.value)
+
+
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one_process", "two_parts"])
+def test_a_damaged_manifest_is_named_not_taken_for_a_missing_table(tmp_path, ranks):
+    """Saver.restore of a checkpoint whose sparse directory (or one rank's
+    part of it) has a damaged MANIFEST names that file, says it is damaged
+    and what to do, and does not send the user looking for a table."""
+    path = _saved_once(tmp_path)
+    sparse = tmp_path / "sparse-model-3"
+    if ranks > 1:  # (two parts, as two ranks lay a checkpoint out)
+        os.rename(sparse, tmp_path / "one")
+        for r in range(ranks):
+            shutil.copytree(tmp_path / "one", sparse / ("rank-%d-of-%d" % (r, ranks)))
+        sparse = sparse / "rank-1-of-2"
+    _flip(sparse / "MANIFEST")
+    msg = _restore_error(path)
+    assert str(sparse / "MANIFEST") in msg and "damaged" in msg, msg
+    assert "restore an earlier checkpoint" in msg and "backup" in msg, msg
+    assert "lacks" not in msg, msg
+
+
+def test_a_damaged_table_file_is_named(tmp_path):
+    path = _saved_once(tmp_path)
+    sparse = tmp_path / "sparse-model-3"
+    (victim,) = [p for p in sparse.iterdir() if p.suffix == ".dtab"]
+    _flip(victim)
+    msg = _restore_error(path)
+    assert victim.name in msg and str(sparse) in msg and "damaged" in msg, msg
+    assert "'ckpt_t'" in msg and "restore an earlier checkpoint" in msg, msg
+
+
+def test_a_sparse_directory_without_manifest_says_so(tmp_path):
+    path = _saved_once(tmp_path)
+    os.remove(tmp_path / "sparse-model-3" / "MANIFEST")
+    dynemb.clear_tables()
+    with tf.Graph().as_default():
+        _build()
+        with tf.compat.v1.Session() as s:
+            with pytest.raises(ValueError, match="ckpt_t.*sparse-model-3.*has no MANIFEST"):
+                tf.compat.v1.train.Saver().restore(s, path)

@@ -123,6 +123,44 @@ def test_checkpoints_restore_onto_any_rank_count(saved, restored, runs, referenc
 
 
 @pytest.mark.pinned_only
+@pytest.mark.parametrize("n", [2, 3])
+def test_command_line_tool_reads_the_checkpoints_ranks_wrote(n, runs, tmp_path):
+    """`dynemb ckpt` on the Saver checkpoints n ranks wrote midway (a table
+    on the SSD tier, a replicated one, every optimizer): inspect counts the
+    ranks, verify checks every part, and export writes every table as the
+    one process's own checkpoint of that step holds it (the same keys; rows
+    within the parity tolerance), each key of the replicated table once."""
+    tool = str(ROOT / "build" / "dynemb")
+    if not os.access(tool, os.X_OK):
+        pytest.skip("build/dynemb not built (make all)")
+
+    def run(*args):
+        p = subprocess.run([tool, *map(str, args)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    for kind in runs[1][0][0]["results"]:
+        ours = runs[n][1] / "ckpt" / kind / ("sparse-model-%d" % SAVE_AT)
+        alone = runs[1][1] / "ckpt" / kind / ("sparse-model-%d" % SAVE_AT)
+        info = json.loads(run("ckpt", "inspect", "--json", ours))
+        assert info["ranks"] == n and len(info["tables"]) == 4, info
+        dp = next(t for t in info["tables"] if t["name"] == "dp_" + kind)
+        part0 = {t["name"]: t for t in info["parts"][0]["tables"]}
+        assert dp["rows"] == n * part0[dp["name"]]["rows"] > 0  # (whole in every part)
+        assert "(%d parts, 4 tables," % n in run("ckpt", "verify", ours)
+        for d in (str(n), "1"):
+            (tmp_path / d).mkdir(exist_ok=True)
+        run("ckpt", "export", ours, tmp_path / str(n) / kind)
+        run("ckpt", "export", alone, tmp_path / "1" / kind)
+        for table in sorted(os.listdir(tmp_path / "1" / kind)):
+            got, want = (tmp_path / str(n) / kind / table, tmp_path / "1" / kind / table)
+            np.testing.assert_array_equal(np.load(got / "keys.npy"), np.load(want / "keys.npy"),
+                                          err_msg="%s %s" % (kind, table))
+            _close(np.load(got / "embeddings.npy"), np.load(want / "embeddings.npy"),
+                   "%s: exported %s" % (kind, table))
+
+
+@pytest.mark.pinned_only
 def test_warm_start_across_rank_counts(runs, tmp_path):
     """A warm start (rows and dense variables, fresh optimizer state) on 2
     ranks from the checkpoint 3 ranks wrote trains as one process warm-started

@@ -53,6 +53,8 @@ from dynemb.util.log import logger
 LEGACY_SUFFIX = ".dynemb"  # <checkpoint prefix>.dynemb: earlier versions' tiered rows
 SPARSE_PREFIX = "sparse-"   # <dir>/sparse-<prefix basename>: the tables' rows
 _PART = re.compile(r"^rank-(\d+)-of-(\d+)$")  # a rank's part of a checkpoint directory
+_LIBC = ctypes.CDLL(None)  # (free() of what the engine allocates for us)
+_LIBC.free.argtypes = [ctypes.c_void_p]
 
 
 def part_dir(path: str, rank: int, size: int) -> str:
@@ -62,27 +64,20 @@ def part_dir(path: str, rank: int, size: int) -> str:
 
 def checkpoint_parts(path: str) -> list[str]:
     """The engine checkpoint directories that make up checkpoint `path`: its
-    rank parts (all of them, or an error naming the missing ones), or `path`
-    itself when one process wrote it."""
+    rank parts (all of them, or a ValueError naming the missing ones), or
+    `path` itself when one process wrote it (the engine's rule,
+    dynemb_checkpoint_parts, which the command-line tool follows too)."""
+    out = ctypes.POINTER(ctypes.c_char_p)()
+    n = ctypes.c_size_t()
     try:
-        found = [(int(m.group(1)), int(m.group(2)), n) for n in os.listdir(path)
-                 for m in [_PART.match(n)] if m]
-    except OSError:
-        return [path]
-    if not found:
-        return [path]
-    sizes = sorted({size for _, size, _ in found})
-    if len(sizes) > 1:
-        raise ValueError("dynemb: checkpoint '%s' holds parts written by %s ranks; a "
-                         "checkpoint is written by one set of ranks: remove the stray parts"
-                         % (path, " and ".join(map(str, sizes))))
-    have = {r for r, _, _ in found}
-    missing = [r for r in range(sizes[0]) if r not in have]
-    if missing:
-        raise ValueError("dynemb: checkpoint '%s' was written by %d ranks, but the parts of "
-                         "rank(s) %s are missing; restore them, or start from another "
-                         "checkpoint" % (path, sizes[0], ", ".join(map(str, missing))))
-    return [os.path.join(path, n) for _, _, n in sorted(found)]
+        _lib.check(_lib.clib.dynemb_checkpoint_parts(str(path).encode(), ctypes.byref(out),
+                                                     ctypes.byref(n)))
+    except _lib.DynembError as e:
+        raise ValueError(str(e)) from None
+    try:
+        return [out[i].decode() for i in range(n.value)]
+    finally:
+        _LIBC.free(ctypes.cast(out, ctypes.c_void_p))
 
 
 def _all_ranks_ok(channel: int, error: Optional[str], what: str) -> None:
@@ -203,10 +198,6 @@ def checkpoint_base(path: str) -> Optional[str]:
         _LIBC.free(out)
 
 
-_LIBC = ctypes.CDLL(None)
-_LIBC.free.argtypes = [ctypes.c_void_p]
-
-
 def chain_dirs(sparse: str) -> set:
     """The sparse directories that Saver checkpoint directory `sparse` (all
     its rank parts) needs: itself and those its incremental parts build
@@ -237,23 +228,47 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
     process) with those saved in checkpoint directory `path`. `name_map`
     maps a table's name to its name in the checkpoint (renamed tables);
     `embedding_only` takes the embeddings and starts the optimizer slots
-    afresh (another optimizer). Each table is verified before it changes.
-    Returns the names restored."""
+    afresh (another optimizer). A table that a sparse optimizer trains in
+    the tables' graph (table objects; names: the default graph) must have
+    been saved with that optimizer's state; any other table takes the
+    saved rows whatever optimizer trained them (docs/checkpoint-format.md,
+    "Optimizer state on restore"). Each table is verified before it
+    changes. Returns the names restored."""
+    tables = list(tables) if tables is not None else None
+    graphs = {getattr(t, "graph", None) for t in tables or () if not isinstance(t, str)}
+    graph = graphs.pop() if len(graphs) == 1 and None not in graphs else \
+        tf.compat.v1.get_default_graph()
+    return _restore_into(path, _names(tables), name_map, embedding_only, graph)
+
+
+def _restore_into(path: str, names: list[str], name_map: Optional[dict[str, str]],
+                  embedding_only: bool, graph: Any) -> list[str]:
+    """restore_tables of `names`, whose optimizers are those `graph` applies."""
     path = remote.local_path(path)
     if remote.is_remote(path):
         with remote.readable(str(path)) as local:
             if not os.path.isdir(local):
                 raise ValueError("restore_tables('%s'): no such checkpoint directory" % path)
             try:
-                return restore_tables(local, tables, name_map, embedding_only)
+                return _restore_into(local, names, name_map, embedding_only, graph)
             except _lib.DynembError as e:  # (named by the remote path)
                 raise _lib.DynembError(e.code, str(e).replace(local, path)) from None
             except ValueError as e:
                 raise ValueError(str(e).replace(local, path)) from None
-    names = _names(tables)
     name_map = dict(name_map or {})
-    flags = _lib.IMPORT_REPLACE | (_lib.IMPORT_EMBEDDING_ONLY if embedding_only else 0)
     parts = checkpoint_parts(str(path))
+    # The optimizer state each table ends with: the saved one, which a
+    # table trained in `graph` must have been saved with (checked for every
+    # table before any changes); embedding_only: the table's own, fresh.
+    trainers = {} if embedding_only else {n: _trainer(n, graph) for n in names}
+    if any(trainers.values()):
+        saved = _optimizer_kinds(parts[0])
+        for name, opt in trainers.items():
+            kind = saved.get(name_map.get(name, name))
+            if opt is not None and kind is not None:
+                _check_same_optimizer(path, name, opt, kind)
+    flags = _lib.IMPORT_REPLACE | (_lib.IMPORT_EMBEDDING_ONLY if embedding_only else
+                                   _lib.IMPORT_ADOPT_LAYOUT)
     # On M ranks each keeps the keys it owns, from every part; a replicated
     # table (is_dp) takes every key of every part.
     size = _state.get_rank_size()
@@ -267,7 +282,71 @@ def restore_tables(path: str, tables: Optional[Iterable[Any]] = None,
                     part.encode(), h, src.encode(),
                     flags if i == 0 else flags & ~_lib.IMPORT_REPLACE, *shard),
                     "restore_tables('%s')" % path)
+            if trainers.get(name) is not None:  # (its hyper-parameters, whatever
+                _rebind(h, trainers[name])        # another graph set meanwhile)
     return names
+
+
+def _trainer(name: str, graph: Any) -> Any:
+    """The sparse optimizer that trains table `name` in `graph` (its apply
+    ops update the table's optimizer state), or None."""
+    st = _state.existing_graph_state(graph)
+    table = st.tables.get(name) if st is not None else None
+    return getattr(table, "applied_by", None) if table is not None else None
+
+
+def _rebind(h: Any, opt: Any) -> None:
+    """The table's optimizer is `opt`'s again (same kind: new hyper-parameters)."""
+    o = _lib.Optimizer()
+    opt._engine_optimizer(o)  # pylint: disable=protected-access
+    _lib.check(_lib.clib.dynemb_table_set_optimizer(h, ctypes.byref(o)), "restore_tables")
+
+
+def _optimizer_kinds(part: str) -> dict:
+    """{table name: engine optimizer kind} of checkpoint directory `part`
+    (headers only; {} if it cannot be read: the load reports that)."""
+    entries = ctypes.POINTER(_lib.CkptEntry)()
+    n = ctypes.c_size_t()
+    if _lib.clib.dynemb_checkpoint_inspect(part.encode(), ctypes.byref(entries),
+                                           ctypes.byref(n)):
+        return {}
+    try:
+        return {entries[i].name.decode(): entries[i].optimizer_kind for i in range(n.value)}
+    finally:
+        _lib.clib.dynemb_ckpt_entries_free(entries, n)
+
+
+# The engine's optimizer kinds, and the sparse optimizers that train with each.
+_KIND_NAMES = {_lib.OPT_SGD: "sgd", _lib.OPT_ADAGRAD: "adagrad", _lib.OPT_ADAM: "adam",
+               _lib.OPT_FTRL: "ftrl"}
+_KIND_OPTIMIZERS = {_lib.OPT_SGD: "gradient_descent", _lib.OPT_ADAGRAD: "adagrad",
+                    _lib.OPT_ADAM: "lazy_adam", _lib.OPT_FTRL: "ftrl"}
+
+
+def _check_same_optimizer(path: str, name: str, opt: Any, kind: int) -> None:
+    """Raises when the checkpoint's rows of table `name` hold another
+    optimizer's state (`kind`) than `opt`, the sparse optimizer that trains
+    the table in the restoring graph, updates."""
+    mine = getattr(opt, "KIND", None)
+    if mine is None:
+        with _lib.table_handle(name) as h:
+            c = _lib.TableConfig()
+            _lib.clib.dynemb_table_get_config(h, ctypes.byref(c))
+            mine = c.optimizer.kind
+    if mine == kind:
+        return
+    saved, ours = _KIND_NAMES.get(kind, "kind %d" % kind), _KIND_NAMES.get(mine, str(mine))
+    raise _lib.DynembError(_lib.EMISMATCH, (
+        "dynemb restore_tables('%s'): table '%s' was trained with %s (its rows in the "
+        "checkpoint hold %s state), but this graph trains it with sparse optimizer %s "
+        "(%s state). To go on from the saved state, train it with %s again "
+        "(dynemb.optimizers.%s.create_hash_optimizer); to switch to %s, start from the "
+        "checkpoint's embeddings with fresh %s state: restore_tables(path, ['%s'], "
+        "embedding_only=True), or a warm start (tf.estimator.WarmStartSettings / "
+        "dynemb.warm_start). A graph that only reads the table (no optimizer applies "
+        "to it) restores the rows whatever optimizer trained them")
+        % (path, name, saved, saved, getattr(opt, "name", type(opt).__name__), ours, saved,
+           _KIND_OPTIMIZERS.get(kind, saved), ours, ours, name))
 
 
 # --------------------------------------------------------------------------
@@ -505,31 +584,85 @@ def export_checkpoint(ckpt_dir: str, path: str,
 
 def _entries(path: str) -> set:
     """Names of the tables in checkpoint directory `path` (none if it is
-    not one), in all its rank parts."""
+    not one: no such directory, or no MANIFEST), in all its rank parts.
+    A part that is there but cannot be read (a damaged MANIFEST or table
+    header) raises DynembError naming the file, never reads as a checkpoint
+    without tables."""
     if not os.path.isdir(path):
         return set()
     parts = checkpoint_parts(path)
     if parts != [path]:
         return set().union(*(_entries(p) for p in parts))
+    if not os.path.exists(os.path.join(path, "MANIFEST")):
+        return set()
     entries = ctypes.POINTER(_lib.CkptEntry)()
     n = ctypes.c_size_t()
-    if _lib.clib.dynemb_checkpoint_inspect(path.encode(), ctypes.byref(entries),
-                                           ctypes.byref(n)):
-        return set()
+    rc = _lib.clib.dynemb_checkpoint_inspect(path.encode(), ctypes.byref(entries),
+                                             ctypes.byref(n))
+    if rc:
+        raise _damaged(path, rc)
     try:
         return {entries[i].name.decode() for i in range(n.value)}
     finally:
         _lib.clib.dynemb_ckpt_entries_free(entries, n)
 
 
+def _damaged(path: str, rc: int) -> _lib.DynembError:
+    """The error of checkpoint directory `path` that inspect failed on with
+    `rc`: which file is damaged (its MANIFEST when that alone cannot be
+    read, else a table file's header), with the engine's message."""
+    msg = (_lib.clib.dynemb_last_error() or b"").decode("utf-8", "replace")
+    base = ctypes.c_void_p()
+    manifest_ok = _lib.clib.dynemb_checkpoint_base(path.encode(), ctypes.byref(base)) == 0
+    if base.value:
+        _LIBC.free(base)
+    what = ("a table file of checkpoint directory '%s' is damaged" % path if manifest_ok
+            else "the MANIFEST of checkpoint directory '%s' ('%s') is damaged"
+            % (path, os.path.join(path, "MANIFEST")))
+    return _lib.DynembError(rc, "dynemb: %s: %s" % (what, msg))
+
+
+def _why_no_rows(sparse: str) -> str:
+    """Why sparse directory `sparse` gave no rows of a table."""
+    if not os.path.isdir(sparse):
+        return "is missing"
+    if checkpoint_parts(sparse) == [sparse] and \
+            not os.path.exists(os.path.join(sparse, "MANIFEST")):
+        return ("has no MANIFEST (its save never finished, or the file was removed), so "
+                "its table files cannot be read")
+    return "lacks the table"
+
+
+def _restore_error(save_path: str, shown: str, local: str,
+                   e: _lib.DynembError) -> _lib.DynembError:
+    """Saver.restore's error for tables whose files in `local` (`shown` in
+    messages) cannot be read: what is damaged, and what to do."""
+    return _lib.DynembError(e.code, (
+        "dynemb: Saver.restore('%s') cannot restore the tables: %s. The tables' rows "
+        "of this checkpoint are in '%s'; restore that directory from a backup, or "
+        "restore an earlier checkpoint of the model (Saver.restore with the prefix of "
+        "another step; `dynemb ckpt verify DIR` checks a sparse directory first)")
+        % (save_path, re.sub(r"^dynemb:? ", "", str(e).replace(local, shown)).rstrip(". "),
+           shown))
+
+
 def _restore_from_tensors(sess: Any, save_path: str, names: list[str]) -> None:
     """Earlier versions kept a table's rows as tensors in the Saver's files."""
     reader = tf.train.load_checkpoint(save_path)
+    saved = {n: {f: reader.get_tensor("dynemb/%s/%s" % (n, f)) for f in EXPORT_FIELDS}
+             for n in names}
+    trainers = {n: _trainer(n, sess.graph) for n in names}  # (as _restore_into)
+    for name, opt in trainers.items():
+        if opt is not None:
+            _check_same_optimizer(save_path, name, opt, int(saved[name]["meta"][2]))
     with tf.Graph().as_default(), tf.compat.v1.Session() as s:
         for name in names:
-            t = {f: reader.get_tensor("dynemb/%s/%s" % (name, f)) for f in EXPORT_FIELDS}
-            s.run(_lib.ops.dynemb_import(table_name=name, flags=_lib.IMPORT_REPLACE, **t))
-    del sess
+            s.run(_lib.ops.dynemb_import(
+                table_name=name, flags=_lib.IMPORT_REPLACE | _lib.IMPORT_ADOPT_LAYOUT,
+                **saved[name]))
+            if trainers[name] is not None:
+                with _lib.table_handle(name) as h:
+                    _rebind(h, trainers[name])
 
 
 def _saves_tables(saver: Any) -> bool:
@@ -590,7 +723,10 @@ def _restore_tables_of(sess: Any, save_path: str, names: list[str], sparse: str,
     """Saver.restore's tables from sparse directory `sparse` (local; `shown`
     is its name in messages), the earlier versions' `legacy` one, or the
     Saver's files."""
-    in_sparse, in_legacy = _entries(sparse), _entries(legacy)
+    try:
+        in_sparse, in_legacy = _entries(sparse), _entries(legacy)
+    except _lib.DynembError as e:
+        raise _restore_error(save_path, shown, sparse, e) from None
     reader = None
     groups: dict[str, list[str]] = {sparse: [], legacy: [], "tensors": []}
     for name in names:
@@ -604,13 +740,16 @@ def _restore_tables_of(sess: Any, save_path: str, names: list[str], sparse: str,
                 raise ValueError(
                     "dynemb: checkpoint '%s' has no rows of table '%s': its sparse "
                     "directory '%s' %s; restore the directory, or start from another "
-                    "checkpoint" % (save_path, name, shown,
-                                    "lacks the table" if os.path.isdir(sparse) else
-                                    "is missing"))
+                    "checkpoint" % (save_path, name, shown, _why_no_rows(sparse)))
             groups["tensors"].append(name)
     for d in (sparse, legacy):
         if groups[d]:
-            restore_tables(d, groups[d])
+            try:
+                _restore_into(d, groups[d], None, False, sess.graph)
+            except _lib.DynembError as e:
+                if e.code not in (_lib.ECORRUPT, _lib.EVERSION, _lib.EIO):
+                    raise
+                raise _restore_error(save_path, shown if d == sparse else d, d, e) from None
     if groups["tensors"]:
         _restore_from_tensors(sess, save_path, groups["tensors"])
 

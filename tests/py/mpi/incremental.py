@@ -1,8 +1,10 @@
 """Run under mpirun by tests/py/test_incremental_checkpoints.py: several
 ranks train one sharded table (each its slice of every batch, with
 admission and eviction), then save a full incremental checkpoint, train
-on, save a delta, and a plain full save of the same moment. Argument: the
-directory for the three checkpoints (each with one part per rank)."""
+on, save a delta, and a plain full save of the same moment; at that moment
+each rank also exports the rows it holds (export_tables into live/rank-<r>:
+what the checkpoint's parts must add up to). Argument: the directory for
+the three checkpoints (each with one part per rank)."""
 import os
 import sys
 
@@ -43,3 +45,4 @@ with tf.compat.v1.Session() as s:
     steps(2)
     dynemb.save_tables(os.path.join(out, "delta"), [t], incremental=True)
     dynemb.save_tables(os.path.join(out, "full"), [t])
+    dynemb.export_tables(os.path.join(out, "live", "rank-%d" % rank), [t])
