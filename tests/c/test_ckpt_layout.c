@@ -159,8 +159,8 @@ static void step(dynemb_table *t, uint64_t seed, int64_t now, int64_t space,
   for (size_t i = 0; i < n; i++) k[i] = (int64_t)(check_xorshift(&s) % (uint64_t)space);
   for (size_t i = 0; i < n * 3; i++)
     g[i] = (float)((double)(check_xorshift(&s) % 2001) / 1000.0 - 1.0);
-  CHECK_OK(dynemb_lookup(t, k, n, DYNEMB_LOOKUP_TRAIN, now, out));
-  CHECK_OK(dynemb_apply(t, k, n, g, -1.0f, NULL));
+  CHECK_OK(dynemb_lookup(t, k, n, DYNEMB_LOOKUP_TRAIN, now, NULL, out, NULL));
+  CHECK_OK(dynemb_apply(t, k, n, g, -1.0f, NULL, NULL));
   free(k);
   free(out);
   free(g);
