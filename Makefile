@@ -92,6 +92,12 @@ build/tools/%.o: tools/%.c $(UNLESS_DEPS)
 	@mkdir -p $(@D)
 	$(CC) $(PUBFLAGS) $(CFLAGS) -Itools -c $< -o $@
 
+# The benchmark's Adam limit runs the engine's own row math (src/optim.h),
+# so it differs from the engine's apply only in memory layout and index.
+build/tools/bench.o: tools/bench.c $(UNLESS_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(BASEFLAGS) $(CFLAGS) -Itools -c $< -o $@
+
 build/dynemb: $(TOOL_OBJ) build/libdynemb.a
 	$(CC) $(TOOL_OBJ) build/libdynemb.a -o $@ $(LDLIBS)
 

@@ -21,7 +21,7 @@
  *           and without software prefetch; the better one is the limit
  *   lookup  train-mode lookups of existing keys (and eval mode, for info)
  *   apply   optimizer updates (Adam by default) of existing keys
- *   adam limit  (Adam only) TF's Adam applied in place at the same positions
+ *   adam limit  (Adam only) the engine's Adam row math applied in place at the same positions
  *           to the flat array plus a flat slot array (m, v): the memory
  *           bound of an Adam update, which moves ~6x the bytes of a gather
  *   ssd read limit  (--ssd-dir only) one embedding copied at each of the
@@ -65,6 +65,7 @@
 
 #include "cmds.h"
 #include "dynemb.h"
+#include "optim.h" /* the Adam limit runs the engine's own row math */
 
 /* ------------------------------------------------------------------------ */
 /* Options                                                                   */
@@ -603,29 +604,6 @@ static inline void prefetch_lines_l2(const void *p, size_t bytes) {
     __builtin_prefetch((const void *)a, 0, 2);
 }
 
-/* TensorFlow's ApplyAdam on one row (m, v = slots, slots + d), written out
- * as the engine's lazy Adam computes it (the same arithmetic, built for
- * the same vector widths), so that the limit differs from the engine's
- * apply only in memory layout, index, dedupe and locks. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    defined(__has_attribute) && !defined(__SANITIZE_THREAD__)
-#if __has_attribute(target_clones)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-static void adam_row(float *restrict var, float *restrict m,
-                     float *restrict v, const float *restrict g, size_t d,
-                     float alpha, float omb1, float omb2, float eps) {
-  for (size_t i = 0; i < d; i++) {
-    float gi = g[i];
-    float mi = m[i] + (gi - m[i]) * omb1;
-    float vi = v[i] + (gi * gi - v[i]) * omb2;
-    m[i] = mi;
-    v[i] = vi;
-    var[i] -= (mi * alpha) / (sqrtf(vi) + eps);
-  }
-}
-
 /* The Adam limit for one batch: a dense Adam update in place of the rows at
  * `pos` of `flat` (rows * dim) and `slots` (rows * 2 * dim, m then v), with
  * gradient row i for position i, prefetching the row and slot lines of the
@@ -637,11 +615,10 @@ static void adam_limit_batch(const bench *b, uint64_t step, const uint32_t *pos,
                              size_t n, const float *grads) {
   size_t d = (size_t)b->o.dim, row_bytes = sizeof(float) * d;
   float *flat = b->flat, *slots = b->slots;
-  const dynemb_optimizer *o = &b->adam_opt;
-  const double t = (double)(step ? step : 1);
-  const float b1p = (float)pow((double)o->beta1, t);
-  const float b2p = (float)pow((double)o->beta2, t);
-  const float alpha = o->learning_rate * sqrtf(1.0f - b2p) / (1.0f - b1p);
+  dynemb_optim_step os; /* (the engine's own row math: it differs from the
+                          engine's apply only in layout, index, dedupe, locks) */
+  dynemb_optim_prepare(&b->adam_opt, b->adam_opt.learning_rate, step ? step : 1,
+                       &os);
   for (size_t i = 0; i < n; i++) {
     if (i + ADAM_AHEAD < n) {
       size_t q = (size_t)pos[i + ADAM_AHEAD];
@@ -649,9 +626,8 @@ static void adam_limit_batch(const bench *b, uint64_t step, const uint32_t *pos,
       prefetch_lines_l2(slots + q * 2 * d, 2 * row_bytes);
     }
     size_t p = (size_t)pos[i];
-    adam_row(flat + p * d, slots + p * 2 * d, slots + p * 2 * d + d,
-             grads + i * d, d, alpha, 1.0f - o->beta1, 1.0f - o->beta2,
-             o->epsilon);
+    dynemb_optim_apply_row(&os, flat + p * d, slots + p * 2 * d, grads + i * d,
+                           (int)d);
   }
 }
 

@@ -28,7 +28,7 @@ from dynemb.core.asc.lookups import lookup_ids
 from dynemb.core.asc.spec import FeatureSpec
 from dynemb.core.tables import (EmbeddingTable, constant_default_value, engine_default_value,
                                 no_longer_registered, op_name, require_graph_mode,
-                                set_default_value)
+                                set_default_value, set_thresholds)
 from dynemb.graph.rewrite import guard_lookup, input_of
 from dynemb.graph.trace import GET_NEXT_TYPES, ancestors
 from dynemb.util.log import logger
@@ -264,12 +264,10 @@ def sparse_lookup(hashtable: EmbeddingTable, ids: Any, send_count: Optional[int]
                              "faae_coefficient may differ)" % (tname, evict_cfg, prev))
         st.evict_configs[tname] = evict_cfg
         hashtable.access_and_evict_config = evict_cfg
-        with _lib.table_handle(tname, no_longer_registered(tname)) as h:
-            _state.set_table_threshold(h, evict_cfg["access_threshold"],
-                                       "sparse_lookup('%s')" % tname)
-            # (the engine's own 0 is off: EvictHook passes 0 explicitly)
-            _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
-                h, evict_cfg["eviction_threshold"] or 0), "sparse_lookup('%s')" % tname)
+        # (the engine's own eviction 0 is off: EvictHook passes 0 explicitly)
+        set_thresholds(tname, evict_cfg["access_threshold"],
+                       evict_cfg["eviction_threshold"], "sparse_lookup('%s')" % tname,
+                       no_longer_registered(tname))
     dim = hashtable.dim
     with tf.name_scope(name or op_name(tname) + "_lookup"):
         static_count, has_row = 0, None

@@ -546,6 +546,19 @@ def set_default_value(table: EmbeddingTable, value: Any) -> None:
     table.default_value = arr
 
 
+def set_thresholds(table_name: str, access_threshold: int,
+                   eviction_threshold: Optional[int], what: str,
+                   missing: Exception) -> None:
+    """A lookup's admission and eviction settings on its engine table (the
+    sightings that admit a key, counting on; the eviction threshold, None
+    for off: the engine's own 0). `what` names the caller in errors;
+    `missing` is raised if the table is no longer registered."""
+    with _lib.table_handle(table_name, missing) as h:
+        _state.set_table_threshold(h, access_threshold, what)
+        _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
+            h, ctypes.c_int64(eviction_threshold or 0)), what)
+
+
 def engine_default_value(table: EmbeddingTable) -> np.ndarray:
     """The default row the engine holds for `table` now (zeros until a
     serving_default_value set it; shared by the table's graphs)."""

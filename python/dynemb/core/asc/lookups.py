@@ -17,16 +17,15 @@ mxRec's path for start_asc_pipeline is ``dynemb.core.asc.manager``.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
-from dynemb import _lib, _state
+from dynemb import _state
 from dynemb.constants.constants import ASCEND_TIMESTAMP
 from dynemb.core.asc.spec import (RESERVED_PREFIX, FeatureSpec, admitted_key, stamp_key,
                                   tickets_key)
-from dynemb.core.tables import op_name
+from dynemb.core.tables import op_name, set_thresholds
 from dynemb.graph import rewrite
 from dynemb.graph.pipeline import delete_sessions_at_exit
 from dynemb.graph.rewrite import GraphModificationError
@@ -98,12 +97,10 @@ def _set_thresholds(graph: tf.Graph, spec: FeatureSpec) -> None:
             f"eviction_threshold={prev.get('eviction_threshold')}; a table has one admission "
             f"and eviction setting: give its FeatureSpecs the same thresholds (each may "
             f"weigh its sightings by its own faae_coefficient)")
-    missing = ValueError(f"FeatureSpec('{spec.name}'): table '{spec.table_name}' is not "
-                         f"registered; create it with create_table() first")
-    with _lib.table_handle(spec.table_name, missing) as h:
-        _state.set_table_threshold(h, cfg["access_threshold"], f"FeatureSpec('{spec.name}')")
-        _lib.check(_lib.clib.dynemb_table_set_eviction_threshold(
-            h, ctypes.c_int64(cfg["eviction_threshold"] or 0)), f"FeatureSpec('{spec.name}')")
+    set_thresholds(spec.table_name, cfg["access_threshold"], cfg["eviction_threshold"],
+                   f"FeatureSpec('{spec.name}')",
+                   ValueError(f"FeatureSpec('{spec.name}'): table '{spec.table_name}' is not "
+                              f"registered; create it with create_table() first"))
     # EvictHook reads the graph's eviction settings from here.
     _state.graph_state(graph).evict_configs[spec.table_name] = dict(
         cfg, eviction_clock="step")
