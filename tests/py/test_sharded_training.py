@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "mpi" / "train.py"
 SHARDED_LIB = ROOT / "build" / "tf" / "_dynemb_sharded_ops.so"
 STEPS, SAVE_AT = 6, 3
+HOSTS = ROOT / "tests" / "hosts" / "hosts.sh"
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("mpirun") or not SHARDED_LIB.is_file(),
@@ -31,15 +32,19 @@ pytestmark = pytest.mark.skipif(
            "(apt-get install openmpi-bin libopenmpi-dev; make ops)")
 
 
-def _run(n, results_dir, script=SCRIPT, **env_more):
+def _run(n, results_dir, script=SCRIPT, hosts=None, **env_more):
     """Runs the model on n ranks (n = 1: alone), checkpointing into
-    results_dir/ckpt (SAVE_AT) or restoring from env_more's CKPT."""
+    results_dir/ckpt (SAVE_AT) or restoring from env_more's CKPT. `hosts`:
+    the name of a set of network hosts (tests/hosts/hosts.sh), one rank on
+    each of the first n, over TCP; else every rank on this host."""
     env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none",
                TF_CPP_MIN_LOG_LEVEL="2", RESULTS=str(results_dir),
                DYNEMB_EXCHANGE_TIMEOUT="60", CKPT=str(results_dir / "ckpt"))
     env.update({k: str(v) for k, v in env_more.items()})
     cmd = [sys.executable, str(script), str(STEPS)]
-    if n > 1:
+    if hosts is not None:
+        cmd = [str(HOSTS), "mpirun", hosts, str(n)] + cmd
+    elif n > 1:
         cmd = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(n)] + cmd
     p = subprocess.run(["timeout", "-k", "5", "150"] + cmd, cwd=ROOT, env=env,
                        capture_output=True, text=True)
@@ -281,3 +286,57 @@ def test_computed_serving_default_values_on_n_ranks(n, tmp_path):
         sig = mg.signature_def["serving_default"]
         served = s.run(sig.outputs["rows"].name, {sig.inputs["query"].name: probe})
     _close(served, rows, "served rows")
+
+
+# --------------------------------------------------------------------------
+# Several hosts: the same training with each rank on a network host of its
+# own (a network namespace, tests/hosts/hosts.sh), every byte over TCP
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Three network hosts for this module's tests, removed afterwards (also
+    when a test fails). Where namespaces cannot be made (not root, no
+    iproute2) the tests are skipped, saying why, unless DYNEMB_REQUIRE_HOSTS
+    is set (CI sets it: there they must run)."""
+    name = "dyn%d" % (os.getpid() % 100000)
+    p = subprocess.run(["timeout", "-k", "5", "60", str(HOSTS), "up", name, "3"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        subprocess.run([str(HOSTS), "down", name], capture_output=True)
+        why = "cannot make network hosts here: " + (p.stderr.strip() or "rc %d" % p.returncode)
+        if os.environ.get("DYNEMB_REQUIRE_HOSTS"):
+            pytest.fail(why)
+        pytest.skip(why)
+    try:
+        yield name
+    finally:
+        subprocess.run(["timeout", "-k", "5", "60", str(HOSTS), "down", name],
+                       capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def hosts_run(hosts, tmp_path_factory):
+    """The model on 3 hosts, checkpointing after SAVE_AT steps."""
+    d = tmp_path_factory.mktemp("hosts3")
+    return _run(3, d, hosts=hosts, SAVE_AT=SAVE_AT), d
+
+
+@pytest.mark.pinned_only
+def test_three_hosts_train_as_one_process(hosts_run, reference):
+    """Each rank on a host of its own, every exchange over TCP: the same
+    losses, rows (each key on the rank dynemb_key_shard gives it), dense
+    variables and eval lookups as one process with the global batch."""
+    ranks, _ = hosts_run
+    assert all(r["local_size"] == 1 for r in ranks)  # (no two ranks share a host)
+    _check(ranks, reference)
+
+
+@pytest.mark.pinned_only
+def test_checkpoint_of_three_hosts_restores_on_two_hosts(hosts, hosts_run, reference, tmp_path):
+    """The Saver checkpoint the 3 hosts wrote midway, restored on 2 hosts,
+    trains on as the uninterrupted one process."""
+    ranks = _run(2, tmp_path, hosts=hosts, RESTORE_AT=SAVE_AT, CKPT=hosts_run[1] / "ckpt")
+    assert all(r["local_size"] == 1 for r in ranks)
+    _check(ranks, reference, first_step=SAVE_AT)
+

@@ -159,4 +159,6 @@ for kind in OPTIMIZERS:
     with tf.Graph().as_default():
         results[kind] = train(kind)
 with open(os.path.join(os.environ["RESULTS"], "%d.json" % rank), "w") as f:
-    json.dump({"rank": rank, "size": size, "results": results}, f)
+    # (local_size: the launch's processes on this rank's host, as Open MPI sees them)
+    json.dump({"rank": rank, "size": size, "results": results,
+               "local_size": int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", 1))}, f)
