@@ -202,15 +202,16 @@ def test_dense_side_broadcast_and_distributed_optimizer(n, tmp_path):
     _close(np.mean([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
 
 
-def _one_and_n(name, n, tmp_path, **env):
-    """Runs tests/py/mpi/<name>.py alone and on n ranks; checks that the
-    global losses (the ranks' summed) and every rank's rows equal the run
-    alone's; returns both results."""
+def _one_and_n(name, n, tmp_path, hosts=None, **env):
+    """Runs tests/py/mpi/<name>.py alone and on n ranks (on the network
+    hosts `hosts`, if given); checks that the global losses (the ranks'
+    summed) and every rank's rows equal the run alone's; returns both
+    results."""
     script = SCRIPT.parent / (name + ".py")
     (tmp_path / "one").mkdir()
     (tmp_path / "n").mkdir()
     one = _run(1, tmp_path / "one", script, **env)[0]
-    ranks = _run(n, tmp_path / "n", script, **env)
+    ranks = _run(n, tmp_path / "n", script, hosts=hosts, **env)
     _close(np.sum([r["losses"] for r in ranks], axis=0), one["losses"], "losses")
     for r in ranks:
         _close(r["rows"], one["rows"], "rows")
@@ -339,4 +340,22 @@ def test_checkpoint_of_three_hosts_restores_on_two_hosts(hosts, hosts_run, refer
     ranks = _run(2, tmp_path, hosts=hosts, RESTORE_AT=SAVE_AT, CKPT=hosts_run[1] / "ckpt")
     assert all(r["local_size"] == 1 for r in ranks)
     _check(ranks, reference, first_step=SAVE_AT)
+
+
+@pytest.mark.pinned_only
+@pytest.mark.parametrize("name", ["modify", "featurespec"])
+def test_pipeline_modes_on_two_hosts_train_as_one_process(name, hosts, tmp_path):
+    """mxRec-style scripts in automatic graph modification mode (lazy Adam,
+    admission, step-clock eviction) and FeatureSpec mode (Adagrad, admission)
+    on 2 network hosts: the same losses and rows as one process with its
+    prepared pipeline; in graph modification mode also the same eval logits
+    and every row's last access."""
+    one, ranks = _one_and_n(name, 2, tmp_path, hosts=hosts)
+    if name == "modify":
+        for b, want in enumerate(one["logits"]):
+            _close(np.concatenate([r["logits"][b] for r in ranks]), want, "eval batch %d" % b)
+        union = {}
+        for r in ranks:
+            union.update(r["stamps"])
+        assert union == one["stamps"]
 
