@@ -43,6 +43,17 @@ Reported (the last stdout line is one JSON object with --json):
   projection              per-rank bytes per step for 8-64 ranks at this run's
                           per-rank batch, from bytes_model corrected by its
                           measured ratio, and their time at 25 and 100 Gb/s.
+
+--hosts runs the N ranks on N network hosts of this machine (tests/hosts/hosts.sh:
+network namespaces on a bridge, TCP between them; needs root), --link-rate RATE
+(e.g. 1gbit; implies --hosts) limits each host's link. Then also:
+  tcp_bytes_per_s         a plain TCP transfer from host 0 to host 1 (the link's
+                          own throughput, measured in the same run);
+  exchange_bound_ms       bytes_per_rank_step / tcp_bytes_per_s: the least time
+                          a step's exchanges can take on this link, and
+  mpi_over_bound          mpi_ms_per_step / exchange_bound_ms (the rest of the
+                          exchanges' time: round trips, waiting for the slowest
+                          rank's compute).
 """
 from __future__ import annotations
 
@@ -70,6 +81,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=2048, help="global batch (examples)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--hosts", action="store_true",
+                   help="the ranks on network hosts of this machine (tests/hosts/hosts.sh)")
+    p.add_argument("--link-rate", default=None,
+                   help="each host's link limited to this rate (tc's units: 1gbit, 10gbit)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # results dir
     return p.parse_args(argv)
@@ -161,9 +176,52 @@ def _remote_unique(batches, a, rank: int, size: int) -> float:
     return total / len(batches)
 
 
+HOSTS_SH = os.path.join(ROOT, "tests", "hosts", "hosts.sh")
+# The network hosts of this run (--hosts): their set's name, once made.
+_HOSTS = {"name": None}
+
+
 def _mpirun(ranks: int) -> list:
+    if _HOSTS["name"]:
+        return [HOSTS_SH, "mpirun", _HOSTS["name"], str(ranks)]
     return ["mpirun", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none",
             "-np", str(ranks)] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+
+
+_SINK = """
+import socket, sys, time
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); n = 0; t0 = None
+while True:
+    b = c.recv(1 << 20)
+    if not b: break
+    if t0 is None: t0 = time.perf_counter()
+    n += len(b)
+print(n / (time.perf_counter() - t0), flush=True)
+"""
+_SOURCE = """
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); buf = bytes(1 << 20)
+for _ in range(int(sys.argv[3])): c.sendall(buf)
+c.close()
+"""
+
+
+def tcp_throughput(name: str, megabytes: int) -> float:
+    """Bytes per second of one plain TCP stream from host 0 to host 1."""
+    a1 = subprocess.run([HOSTS_SH, "addr", "1"], capture_output=True, text=True,
+                        check=True).stdout.strip()
+    sink = subprocess.Popen(["ip", "netns", "exec", name + "-h1", sys.executable, "-c", _SINK,
+                             a1], stdout=subprocess.PIPE, text=True)
+    try:
+        port = sink.stdout.readline().strip()
+        subprocess.run(["ip", "netns", "exec", name + "-h0", sys.executable, "-c", _SOURCE, a1,
+                        port, str(megabytes)], check=True, timeout=300)
+        return float(sink.stdout.readline())
+    finally:
+        sink.kill()
+        sink.wait()
 
 
 def link(ranks: int, step_part: int) -> dict:
@@ -184,7 +242,7 @@ def run(a: argparse.Namespace, ranks: int) -> list:
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", d] + [
             "--%s=%s" % (k.replace("_", "-"), v) for k, v in vars(a).items()
-            if k not in ("worker", "json", "ranks")]
+            if k not in ("worker", "json", "ranks", "hosts", "link_rate")]
         if ranks > 1:
             cmd = _mpirun(ranks) + cmd
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -237,6 +295,22 @@ def main(argv=None) -> int:
         return 0
     if a.ranks < 2:
         raise SystemExit("bench/ranks: --ranks must be >= 2 (it compares with one process)")
+    if a.hosts or a.link_rate:
+        a.hosts = True
+        name = "bnch%d" % (os.getpid() % 10000)
+        print("bench/ranks: %d network hosts%s..." % (
+            a.ranks, ", links at " + a.link_rate if a.link_rate else ""), file=sys.stderr)
+        subprocess.run([HOSTS_SH, "up", name, str(a.ranks)] +
+                       ([a.link_rate] if a.link_rate else []), check=True, timeout=120)
+        _HOSTS["name"] = name
+        try:
+            return _measure(a)
+        finally:
+            subprocess.run([HOSTS_SH, "down", name], timeout=120)
+    return _measure(a)
+
+
+def _measure(a: argparse.Namespace) -> int:
     one, many = run(a, 1), run(a, a.ranks)
     # the step's average part: its bytes over its exchanges and peers
     bounds = link(a.ranks, int(statistics.mean(r["bytes_per_step"] for r in many) /
@@ -269,6 +343,11 @@ def main(argv=None) -> int:
     unique_share = remote / (ids_per_rank * (a.ranks - 1) / a.ranks)
     out["projection"] = projection(a, dense_floats, unique_share,
                                    out["bytes_per_rank_step"] / out["bytes_model"])
+    if _HOSTS["name"]:
+        print("bench/ranks: a plain TCP transfer between hosts 0 and 1...", file=sys.stderr)
+        out["tcp_bytes_per_s"] = tcp_throughput(_HOSTS["name"], 256)
+        out["exchange_bound_ms"] = out["bytes_per_rank_step"] / out["tcp_bytes_per_s"] * 1e3
+        out["mpi_over_bound"] = out["mpi_ms_per_step"] / out["exchange_bound_ms"]
     if a.json:
         print(json.dumps(out))
     else:

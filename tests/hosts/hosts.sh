@@ -65,8 +65,8 @@ up() {
     ip -n "$h" addr add "$(addr "$i")/24" dev eth0
     ip -n "$h" link set eth0 up
     if [ -n "$rate" ]; then  # both directions of the link
-      tc qdisc add dev "$name-v${i}b" root tbf rate "$rate" burst 256kb latency 50ms
-      ip netns exec "$h" tc qdisc add dev eth0 root tbf rate "$rate" burst 256kb latency 50ms
+      tc qdisc add dev "$name-v${i}b" root tbf rate "$rate" burst 4mb latency 50ms
+      ip netns exec "$h" tc qdisc add dev eth0 root tbf rate "$rate" burst 4mb latency 50ms
     fi
   done
   trap - ERR
