@@ -61,7 +61,7 @@ class World:
         lengths = (ctypes.c_size_t * n)(*([len(payload)] * n))
         recv = ctypes.c_void_p()
         roff, rlen = (ctypes.c_size_t * n)(), (ctypes.c_size_t * n)()
-        err = ctypes.create_string_buffer(1024)
+        err = ctypes.create_string_buffer(2048)
         rc = self._lib.dynemb_comm_alltoallv(self._handle, channel, send, offsets, lengths,
                                              ctypes.byref(recv), roff, rlen, err, len(err))
         if rc != 0:
