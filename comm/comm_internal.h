@@ -116,6 +116,9 @@ void status_tick(dynemb_comm *c);
  * sentence in x->err (a silent rank, ranks in different exchanges, a peer
  * that failed, or a rank that stays away too long). */
 int status_judge(dynemb_comm *c, exchange *x);
+/* "lookup of table 't' (train), run 3 (exchange 7 of channel 17)": x's
+ * op, for errors (takes mu). */
+void status_op(dynemb_comm *c, const exchange *x, char *buf, size_t len);
 /* x's status entry (the caller holds mu), for `failed`; malloc'd. */
 unsigned char *status_entry(dynemb_comm *c, const exchange *x, double now,
                             size_t *len);

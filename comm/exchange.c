@@ -400,26 +400,29 @@ static exchange *exchange_post(dynemb_comm *c, uint32_t channel,
 }
 
 /* Rank p's part has arrived whole: checks its header. 0, or -1 (x->err). */
-static int part_arrived(exchange *x, int p) {
+static int part_arrived(dynemb_comm *c, exchange *x, int p) {
   x->recving[p] = 0;
   x->left--;
   size_t count = x->rlen[p];
-  header got;
+  header got = {0};
+  if (count >= sizeof got) memcpy(&got, x->rbuf[p], sizeof got);
+  if (count >= sizeof got && got.channel == x->channel && got.seq == x->seq) {
+    x->rlen[p] = count - sizeof got;
+    return 0;
+  }
+  char op[256];
+  status_op(c, x, op, sizeof op);
   if (count < sizeof got)
     return fail(x->err, sizeof x->err,
-                "exchange channel %u: rank %d sent %zu bytes, not a dynemb "
-                "exchange message (another library uses the tag?)",
-                x->channel, p, count);
-  memcpy(&got, x->rbuf[p], sizeof got);
-  if (got.channel != x->channel || got.seq != x->seq)
-    return fail(x->err, sizeof x->err,
-                "exchange channel %u: rank %d sent exchange %llu of channel "
-                "%u where this rank (%d) is at exchange %llu; the ranks run "
-                "different graphs, or one skipped an exchange after an error",
-                x->channel, p, (unsigned long long)got.seq, got.channel,
-                x->me, (unsigned long long)x->seq);
-  x->rlen[p] = count - sizeof got;
-  return 0;
+                "%s: rank %d sent %zu bytes, not a dynemb exchange message "
+                "(another library uses the tag?)",
+                op, p, count);
+  return fail(x->err, sizeof x->err,
+              "%s: rank %d sent exchange %llu of channel %u where this rank "
+              "(%d) is at exchange %llu; the ranks run different graphs, or "
+              "one skipped an exchange after an error",
+              op, p, (unsigned long long)got.seq, got.channel, x->me,
+              (unsigned long long)x->seq);
 }
 
 /* Takes what has arrived. 0: not finished; 1: finished; -1: failed (the
@@ -439,7 +442,7 @@ static int exchange_progress(dynemb_comm *c, exchange *x, int *progressed) {
       MPI_Test(&x->rreq[p], &done, MPI_STATUS_IGNORE);
       if (!done) continue;
       *progressed = 1;
-      if (part_arrived(x, p)) return -1;
+      if (part_arrived(c, x, p)) return -1;
       continue;
     }
     if (!atomic_load_explicit(&x->waiting[p], memory_order_relaxed)) continue;
@@ -455,12 +458,14 @@ static int exchange_progress(dynemb_comm *c, exchange *x, int *progressed) {
       double until = MPI_Wtime() + 1.0;
       while (gone && !flag && MPI_Wtime() < until)
         MPI_Improbe(p, x->tag, c->world, &flag, &msg, &st);
-      if (gone && !flag)
+      if (gone && !flag) {
+        char op[256];
+        status_op(c, x, op, sizeof op);
         return fail(x->err, sizeof x->err,
-                    "exchange channel %u (exchange %llu): rank %d ended its "
-                    "run without this exchange (its input ran out first, or "
-                    "it runs another graph)",
-                    x->channel, (unsigned long long)x->seq, p);
+                    "%s: rank %d ended its run without this exchange (its "
+                    "input ran out first, or it runs another graph)",
+                    op, p);
+      }
     }
     if (!flag) continue;
     int count = 0;
@@ -477,7 +482,7 @@ static int exchange_progress(dynemb_comm *c, exchange *x, int *progressed) {
     atomic_store_explicit(&x->waiting[p], 0, memory_order_relaxed);
     *progressed = 1;
     MPI_Test(&x->rreq[p], &done, MPI_STATUS_IGNORE);
-    if (done && part_arrived(x, p)) return -1;
+    if (done && part_arrived(c, x, p)) return -1;
   }
   if (!x->left && !x->sends_left) return 1;
   if (!*progressed && MPI_Wtime() >= x->next_look) return status_judge(c, x);

@@ -462,24 +462,30 @@ static void op_of(dynemb_comm *c, int q, int t, char *buf, size_t len) {
     }
 }
 
+void status_op(dynemb_comm *c, const exchange *x, char *buf, size_t len) {
+  char label[LABEL_MAX + 1];
+  int per_run = 1;
+  pthread_mutex_lock(&c->mu);
+  status_label(c, x->channel, label, sizeof label, &per_run);
+  pthread_mutex_unlock(&c->mu);
+  op_text(buf, len, label, (int)strlen(label), per_run, x->channel, x->seq);
+}
+
 int status_judge(dynemb_comm *c, exchange *x) {
   double now = MPI_Wtime();
   x->next_look = now + c->interval_s / 4;
   status_drain(c);
   now = MPI_Wtime();
   const int n = c->size;
-  char mine[256], label[LABEL_MAX + 1];
-  int per_run = 1;
+  char mine[256];
   pthread_mutex_lock(&c->mu);
   int broken = c->broken;
   if (broken)
     fail(x->err, sizeof x->err, "an earlier exchange failed (%s)",
          c->broken_err);
-  status_label(c, x->channel, label, sizeof label, &per_run);
   pthread_mutex_unlock(&c->mu);
   if (broken) return -1;
-  op_text(mine, sizeof mine, label, (int)strlen(label), per_run, x->channel,
-          x->seq);
+  status_op(c, x, mine, sizeof mine);
   int *from = malloc(2 * (size_t)n * sizeof *from);
   unsigned char *silent = calloc((size_t)n, 1);
   if (!from || !silent) {
