@@ -32,6 +32,9 @@
  *   per entry: u32 channel, u16 label bytes, u16 exchanges per run,
  *         u32 age in ms, u32 0, u64 sequence number; then one bit per rank
  *         (set: that rank's part not seen), then the label.
+ * Entries that do not fit are left out (flag TRUNCATED: thousands of ranks,
+ * or hundreds of exchanges at once); a cycle through them is then ended by
+ * the bound on absent ranks instead.
  */
 #include <stdarg.h>
 #include <stdio.h>
