@@ -182,13 +182,15 @@ MPI_SRC  := $(wildcard tests/mpi/mpi_*.c)
 # The exchange as a shared library for the Python package (dynemb/_comm.py
 # loads it under an MPI launch); libmpi comes with it, never with the engine.
 COMM_LIB := build/libdynemb_comm.so
-$(COMM_LIB): comm/exchange.c comm/dynemb_comm.h
+COMM_SRC := comm/exchange.c comm/status.c
+COMM_DEPS := $(COMM_SRC) comm/dynemb_comm.h comm/comm_internal.h
+$(COMM_LIB): $(COMM_DEPS)
 	@mkdir -p $(@D)
-	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm -shared $< -o $@ -pthread -Wl,--no-undefined -Wl,-soname,libdynemb_comm.so
+	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm -shared $(COMM_SRC) -o $@ -pthread -Wl,--no-undefined -Wl,-soname,libdynemb_comm.so
 comm: $(COMM_LIB)
-build/mpi/mpi_%: tests/mpi/mpi_%.c comm/exchange.c comm/dynemb_comm.h tests/c/check.h
+build/mpi/mpi_%: tests/mpi/mpi_%.c $(COMM_DEPS) tests/c/check.h
 	@mkdir -p $(@D)
-	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(ASAN_FLAGS) -Icomm -Itests/c $< comm/exchange.c -o $@ -pthread
+	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(ASAN_FLAGS) -Icomm -Itests/c $< $(COMM_SRC) -o $@ -pthread
 
 C_TESTS     := $(TEST_SRC:tests/c/%.c=build/asan/%)
 TSAN_TESTS  := $(TSAN_SRC:tests/c/%.c=build/tsan/%)
@@ -339,9 +341,9 @@ bench-tf: all install-py $(ENGINE_LEFT_OUT_LIB)
 # Several ranks against one process: step time, bytes per rank and step, and
 # the link's bounds (bench/ranks.py; needs Open MPI).
 EXCHANGE_BENCH := build/bench/exchange_bench
-$(EXCHANGE_BENCH): bench/exchange_bench.c comm/exchange.c comm/dynemb_comm.h
+$(EXCHANGE_BENCH): bench/exchange_bench.c $(COMM_DEPS)
 	@mkdir -p $(@D)
-	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm $< comm/exchange.c -o $@ -pthread
+	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm $< $(COMM_SRC) -o $@ -pthread
 
 # Export for serving: time and size against a checkpoint, served latency
 # against the training graph's eval lookups (docs/serving.md).

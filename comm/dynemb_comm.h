@@ -17,9 +17,24 @@
  *
  * Every message starts with a header (channel, sequence number), so a tag
  * shared by two channels or a rank that skipped an exchange is an error, not
- * wrong rows; every wait has a deadline, after which the error names the
- * ranks that did not answer (a rank that died or hangs never hangs the
- * others).
+ * wrong rows.
+ *
+ * Faults. Each rank tells every peer, about once a second and from a thread
+ * of its own (so a rank busy computing still does), which exchanges it waits
+ * in and for whom (status.c). A wait therefore ends in an error:
+ *  - when a rank it waits for has sent nothing for `timeout_s` (it died,
+ *    froze, or its host is unreachable), whatever stage its message is in;
+ *    the error names exactly the silent ranks, and says what the others
+ *    are doing;
+ *  - within a few seconds when the ranks wait in different exchanges, each
+ *    for one that another rank has not begun and will not begin (a cycle
+ *    that holds for two status intervals: one rank trains while another
+ *    evaluates), naming the operations of both sides;
+ *  - at once when a peer it waits for ended its run (dynemb_comm_close) or
+ *    had an exchange fail;
+ *  - after 5 x `timeout_s` when the ranks it waits for are alive but do not
+ *    join (busy is no fault: a slow input or a long save on one rank).
+ * A rank that died or hangs thus never hangs the others.
  *
  * Functions return 0, or -1 with a sentence in `err`.
  */
@@ -40,7 +55,8 @@ typedef struct dynemb_comm dynemb_comm;
 
 /* Joins the world of the MPI launch (MPI_Init_thread with
  * MPI_THREAD_MULTIPLE unless the process initialised MPI already, which then
- * must have granted that level). `timeout_s` bounds every wait (> 0). */
+ * must have granted that level). `timeout_s` (> 0): how long a silent rank
+ * is waited for (the module comment). Collective: every rank opens. */
 DYNEMB_COMM_API int dynemb_comm_open(dynemb_comm **out, double timeout_s, char *err,
                      size_t err_len);
 
@@ -73,6 +89,16 @@ DYNEMB_COMM_API int dynemb_comm_alltoallv(dynemb_comm *c, uint32_t channel, cons
                           const size_t *send_offset, const size_t *send_bytes,
                           void **recv, size_t *recv_offset, size_t *recv_bytes,
                           char *err, size_t err_len);
+
+/* Names the op whose exchanges run on `channel` (say "lookup of table 'u'
+ * (train)"), for the errors of this rank and of its peers (which learn it
+ * from the status messages); `exchanges_per_run` (>= 1) of the channel's
+ * exchanges make one run of the op, so an error can say which run (about
+ * the training step). The text is copied (its first 96 bytes travel); a
+ * later call replaces it. Errors name unlabelled channels by number. */
+DYNEMB_COMM_API int dynemb_comm_label(dynemb_comm *c, uint32_t channel,
+                                      const char *label, int exchanges_per_run,
+                                      char *err, size_t err_len);
 
 /* What an asynchronous exchange calls when it has finished (on the
  * exchange's own thread): rc 0 with the parts as dynemb_comm_alltoallv

@@ -39,6 +39,8 @@
  */
 #include "kernel_util.h"
 
+#include <stdatomic.h>
+
 #include "dynemb_comm.h"
 #include "route.h"
 
@@ -52,6 +54,7 @@ typedef struct sstate {
   int average;        /* apply */
   int64_t channel, ranks;
   int reduction; /* allreduce */
+  _Atomic int labelled; /* the comm knows what the channel is */
 } sstate;
 
 enum { REDUCE_SUM, REDUCE_MEAN, REDUCE_BROADCAST, REDUCE_PROD, REDUCE_MAX,
@@ -161,6 +164,27 @@ static dynemb_comm *world(TF_OpKernelContext *ctx, const sstate *k,
          op, (long long)k->ranks, dynemb_comm_size(c));
     return NULL;
   }
+  /* The channel's name in the errors of every rank (which op, which table,
+   * train or eval): once per kernel, the state is the kernel's own. */
+  sstate *mk = (sstate *)k;
+  if (!atomic_load_explicit(&mk->labelled, memory_order_relaxed)) {
+    static const char *const reductions[] = {"sum", "mean", "broadcast",
+                                             "prod", "max", "min"};
+    char label[256];
+    int per_run = 2; /* lookups and all-reduces: two exchanges per run */
+    if (!k->table_name) {
+      snprintf(label, sizeof label, "dense all-reduce (%s)",
+               reductions[k->reduction]);
+    } else if (!strcmp(op, "sharded apply")) {
+      snprintf(label, sizeof label, "gradients of table '%s'", k->table_name);
+      per_run = 1;
+    } else {
+      snprintf(label, sizeof label, "lookup of table '%s' (%s)", k->table_name,
+               k->is_train ? "train" : "eval");
+    }
+    if (!dynemb_comm_label(c, (uint32_t)k->channel, label, per_run, NULL, 0))
+      atomic_store_explicit(&mk->labelled, 1, memory_order_relaxed);
+  }
   return c;
 }
 
@@ -169,7 +193,7 @@ static int exchange(TF_OpKernelContext *ctx, dynemb_comm *c, const sstate *k,
                     const char *what, const void *send, const size_t *soff,
                     const size_t *slen, void **recv, size_t *roff,
                     size_t *rlen) {
-  char err[768];
+  char err[1024];
   if (dynemb_comm_alltoallv(c, (uint32_t)k->channel, send, soff, slen, recv,
                             roff, rlen, err, sizeof err) == 0)
     return 0;
@@ -351,8 +375,7 @@ static int owner_lookup(dynemb_table *t, const sstate *k, const asked *a, int n,
     dynemb_ticket *tk = malloc((total ? total : 1) * sizeof *tk);
     rc = tk ? DYNEMB_OK : DYNEMB_ENOMEM;
     if (!rc && total) /* (rows and which keys have one: one pass) */
-      rc = dynemb_lookup(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0,
-                         &(dynemb_lookup_opts){.weight = 1}, rows, tk);
+      rc = dynemb_lookup(t, ukeys, total, DYNEMB_LOOKUP_EVAL, 0, NULL, rows, tk);
     for (size_t g = 0; !rc && g < total; g++)
       defaults[g] = tk[g] == DYNEMB_NOT_ADMITTED ? UINT32_MAX : 0;
     free(tk);

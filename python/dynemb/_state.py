@@ -572,6 +572,7 @@ def _world() -> Any:
         return None
     from dynemb import _comm
     w = _comm.world()
+    w.label_once(PYTHON_CHANNEL_LABELS)
     import os
     expected = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
     if expected and expected.strip().isdigit() and int(expected) != w.size:
@@ -630,6 +631,14 @@ OBJECT_CHANNEL = 3  # allgather_object
 EXPORT_CHANNEL = 4  # export for serving: every rank's rows to rank 0
 FIRST_GRAPH_CHANNEL = 16
 _next_channel = [FIRST_GRAPH_CHANNEL]
+# What an exchange error calls them, here and on the other ranks (the graph
+# ops name theirs in tf/sharded_ops.c).
+PYTHON_CHANNEL_LABELS = {
+    CONFIG_CHANNEL: "create_table's check across ranks",
+    CHECKPOINT_CHANNEL: "checkpoint save across ranks",
+    OBJECT_CHANNEL: "allgather_object",
+    EXPORT_CHANNEL: "export for serving across ranks",
+}
 
 
 def next_exchange_channel() -> int:

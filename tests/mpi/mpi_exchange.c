@@ -10,9 +10,10 @@
  * own (the thread differs by rank, the order by rank and by round), as
  * TensorFlow's scheduler may; it must finish with every byte right. The
  * asynchronous form gets the schedule that deadlocks the blocking one (one
- * thread per rank, all channels begun in the rank's own order). The fault test has
- * ranks wait on channels nobody else uses and expects a bounded error that
- * names the ranks that did not answer. Each rank's failures are summed to
+ * thread per rank, all channels begun in the rank's own order). The fault
+ * tests have ranks wait in different exchanges (a fast error naming both
+ * operations) and for ranks that stay away (a bounded one); those of dead
+ * and frozen ranks are mpi_faults.c. Each rank's failures are summed to
  * rank 0, which alone prints the PASS/FAIL lines.
  */
 #include <mpi.h>
@@ -238,30 +239,34 @@ static void test_async_any_order_on_one_thread(void) {
   CHECK(bad == 0);
 }
 
-/* Rank 0 waits on channel 7, the others on channel 8: rank 0 hears from
- * nobody, the others from each other but not from rank 0. */
-static void test_missing_rank_is_a_bounded_error(void) {
+/* Rank 0 runs an exchange on channel 7, the others on channel 8, as when
+ * one rank's input ran out and it went on to evaluate: a deadlock that
+ * every rank must see within a few seconds (the exchange timeout is 30 s),
+ * naming both operations. Each rank labels only the channel it uses: the
+ * label of the other side comes with its status messages. */
+static void test_different_exchanges_fail_fast(void) {
   dynemb_comm *f = NULL;
-  char err[512];
-  CHECK(dynemb_comm_open(&f, 1.0, err, sizeof err) == 0);
+  char err[1024];
+  CHECK(dynemb_comm_open(&f, 30.0, err, sizeof err) == 0);
   if (!f) return;
+  const uint32_t mine = RANK == 0 ? 7 : 8;
+  CHECK(dynemb_comm_label(f, mine, RANK == 0 ? "op seven (train)" : "op eight (eval)",
+                          2, err, sizeof err) == 0);
+  CHECK(dynemb_comm_label(f, mine, "x", 0, err, sizeof err) == -1);
   size_t *z = calloc((size_t)SIZE, sizeof *z), *ro = calloc((size_t)SIZE, sizeof *ro),
          *rl = calloc((size_t)SIZE, sizeof *rl);
   char one = 1;
   void *recv = NULL;
   double t0 = MPI_Wtime();
-  int rc = dynemb_comm_alltoallv(f, RANK == 0 ? 7 : 8, &one, z, z, &recv, ro,
-                                 rl, err, sizeof err);
+  int rc = dynemb_comm_alltoallv(f, mine, &one, z, z, &recv, ro, rl, err,
+                                 sizeof err);
   double took = MPI_Wtime() - t0;
   CHECK(rc == -1);
-  CHECK(took >= 0.9 && took < 10.0);
-  char want[64];
-  if (RANK == 0)
-    snprintf(want, sizeof want, "rank(s) 1%s did not send", SIZE > 2 ? ", 2" : "");
-  else
-    snprintf(want, sizeof want, "rank(s) 0 did not send");
-  if (rc == -1 && !strstr(err, want)) {
-    fprintf(stderr, "rank %d: message '%s' lacks '%s'\n", RANK, err, want);
+  CHECK(took < 6.0);
+  if (rc == -1 && !(strstr(err, "op seven (train), run 0") &&
+                    strstr(err, "op eight (eval), run 0") &&
+                    strstr(err, "different exchanges"))) {
+    fprintf(stderr, "rank %d: message '%s' lacks an operation\n", RANK, err);
     CHECK(0);
   }
   /* After a failed exchange the ranks' channels disagree: every later one
@@ -269,12 +274,45 @@ static void test_missing_rank_is_a_bounded_error(void) {
   t0 = MPI_Wtime();
   rc = dynemb_comm_alltoallv(f, 9, &one, z, z, &recv, ro, rl, err, sizeof err);
   CHECK(rc == -1 && MPI_Wtime() - t0 < 0.5);
-  CHECK(strstr(err, "an earlier exchange failed") && strstr(err, want));
+  CHECK(strstr(err, "an earlier exchange failed") && strstr(err, "op seven"));
   free(recv);
   free(z);
   free(ro);
   free(rl);
   MPI_Barrier(MPI_COMM_WORLD);
+  dynemb_comm_close(f);
+}
+
+/* Rank 0 waits on channel 9, which the others, alive, never begin: busy is
+ * no fault, but the wait ends after 5 x the timeout, saying so. */
+static void test_absent_rank_is_a_bounded_error(void) {
+  dynemb_comm *f = NULL;
+  char err[1024];
+  CHECK(dynemb_comm_open(&f, 0.4, err, sizeof err) == 0);
+  if (!f) return;
+  if (RANK == 0) {
+    size_t *z = calloc((size_t)SIZE, sizeof *z), *ro = calloc((size_t)SIZE, sizeof *ro),
+           *rl = calloc((size_t)SIZE, sizeof *rl);
+    char one = 1;
+    void *recv = NULL;
+    double t0 = MPI_Wtime();
+    int rc = dynemb_comm_alltoallv(f, 9, &one, z, z, &recv, ro, rl, err,
+                                   sizeof err);
+    double took = MPI_Wtime() - t0;
+    CHECK(rc == -1);
+    CHECK(took >= 1.9 && took < 6.0);
+    if (rc == -1 && !(strstr(err, SIZE > 2 ? "for rank 1, 2, alive but not joining"
+                                           : "for rank 1, alive but not joining") &&
+                      strstr(err, "rank 1: alive, in no exchange"))) {
+      fprintf(stderr, "rank %d: message '%s' lacks the absent ranks\n", RANK, err);
+      CHECK(0);
+    }
+    free(recv);
+    free(z);
+    free(ro);
+    free(rl);
+  }
+  MPI_Barrier(MPI_COMM_WORLD); /* (the others wait here, alive) */
   dynemb_comm_close(f);
 }
 
@@ -312,7 +350,8 @@ int main(void) {
   MPI_RUN(test_exchange_equals_reference);
   MPI_RUN(test_any_order_on_any_thread);
   MPI_RUN(test_async_any_order_on_one_thread);
-  MPI_RUN(test_missing_rank_is_a_bounded_error);
+  MPI_RUN(test_different_exchanges_fail_fast);
+  MPI_RUN(test_absent_rank_is_a_bounded_error);
   MPI_RUN(test_bad_timeout_refused);
   int failed = check_failed_total;
   if (RANK == 0) printf("%d passed, %d failed\n", check_passed_total, failed);

@@ -54,6 +54,9 @@ class _StandInWorld:
         del channel
         return [payload] * self.size  # every rank asks for the same
 
+    def label_once(self, labels):
+        del labels
+
 
 @pytest.fixture
 def launched(single_process):

@@ -1,15 +1,24 @@
 """Run under mpirun by tests/py/test_sharded_faults.py: a one-table model
 trained for 6 steps, in which rank 1 misbehaves at step 2 as $FAULT says:
-  stall  stops taking part (stays alive, as a rank whose input ran dry
-         would if it waited), then exits after 60 s;
+  stall  stops taking part (stays alive, as a rank whose input stalls
+         would), then exits after 60 s;
   exit   dies (os._exit(7)), as a killed process;
   raise  raises in its input (a batch of the wrong shape);
   send_count  every rank runs in static-shape mode with send_count = 2,
          below the unique ids it sends to an owner;
-  short  runs out of data: ends its run normally after 2 steps.
-Every rank writes what happened to it into $RESULTS/<rank>.json."""
+  short  runs out of data: ends its run normally after 2 steps;
+  eval   runs out of data after 2 steps and goes on to an eval lookup
+         while the others still train (the ranks run different exchanges);
+  kill   (under mpirun --enable-recovery, which keeps the others running)
+         kills itself with SIGKILL $KILL_AFTER seconds into a training of
+         large batches, wherever it is (in a transfer, most likely); the
+         others train until they fail.
+Every rank writes what happened to it into $RESULTS/<rank>.json, with its
+pid and the time.time() of the event."""
 import json
 import os
+import signal
+import threading
 import time
 
 import numpy as np
@@ -22,10 +31,12 @@ tf.compat.v1.disable_eager_execution()
 fault = os.environ["FAULT"]
 dynemb.init(use_dynamic=fault != "send_count")
 rank = hccl_ops.get_rank_id()
-table = dynemb.create_table(tf.int64, 4, "t", tf.compat.v1.zeros_initializer())
+dim = 64 if fault == "kill" else 4  # kill: parts above the eager size
+table = dynemb.create_table(tf.int64, dim, "t", tf.compat.v1.zeros_initializer())
 ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
-emb = tf.reshape(dynemb.sparse_lookup(table, ids, send_count=2), [-1, 8])
-w = tf.compat.v1.get_variable("w", initializer=tf.ones([8, 1]))
+emb = tf.reshape(dynemb.sparse_lookup(table, ids, send_count=2), [-1, 2 * dim])
+evaluated = dynemb.sparse_lookup(table, ids, is_train=False, name="read")
+w = tf.compat.v1.get_variable("w", initializer=tf.ones([2 * dim, 1]))
 loss = tf.reduce_sum(tf.matmul(emb, w))
 gw, gt = tf.gradients(loss, [w, table.anchor])
 train = tf.group(
@@ -36,15 +47,31 @@ train = tf.group(
 
 def report(**what):
     with open(os.path.join(os.environ["RESULTS"], "%d.json" % rank), "w") as f:
-        json.dump(dict(rank=rank, **what), f)
+        json.dump(dict(rank=rank, pid=os.getpid(), at=time.time(), **what), f)
+
+
+def die_later():
+    time.sleep(float(os.environ["KILL_AFTER"]))
+    report(did="killed")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 start = time.time()
 with tf.compat.v1.Session() as sess:
     sess.run(tf.compat.v1.global_variables_initializer())
+    step, mark = 0, None
     try:
-        for step in range(6):
+        if fault == "kill":
+            if rank == 1:
+                threading.Thread(target=die_later, daemon=True).start()
+            rng = np.random.default_rng(rank)
+            while time.time() - start < 60:
+                sess.run(train, {ids: rng.integers(0, 1 << 20, (4096, 2))})
+                step += 1
+        for step in range(6 if fault != "kill" else 0):
             batch = np.arange(8).reshape(4, 2) + step
+            if step == 2:
+                mark = time.time()
             if rank == 1 and step == 2:
                 if fault == "stall":
                     report(did="stalled")
@@ -56,6 +83,10 @@ with tf.compat.v1.Session() as sess:
                 if fault == "short":
                     report(did="ran out of data")
                     break
+                if fault == "eval":
+                    report(did="evaluates")
+                    sess.run(evaluated, {ids: batch})
+                    break
                 if fault == "raise":
                     batch = np.arange(9)  # not [n, 2]: the feed raises
             sess.run(train, {ids: batch})
@@ -63,5 +94,8 @@ with tf.compat.v1.Session() as sess:
             report(did="finished", seconds=time.time() - start)
     except Exception as e:  # pylint: disable=broad-except
         report(did="failed", error="%s: %s" % (type(e).__name__, e),
-               seconds=time.time() - start)
+               seconds=time.time() - start, step=step,
+               after_step_2=None if mark is None else time.time() - mark)
+        if fault == "kill":  # each survivor says why, none ends the others
+            os._exit(3)
         raise
