@@ -342,6 +342,7 @@ int dynemb_checkpoint_save_incremental(const char *dir,
                                        dynemb_table *const *tables, size_t n,
                                        int full, int *delta_out) {
   pthread_mutex_lock(&incremental_lock);
+  dynemb_error_clear();
   if (delta_out) *delta_out = 0;
   dynemb_delta_save s;
   int rc = dynemb_delta_save_begin(&s, dir, tables, n, full);
