@@ -1,5 +1,7 @@
 /*
- * ckpt.c -- checkpoint directories: atomic save, verified load, inspect.
+ * ckpt.c -- the checkpoint's save and load flow: atomic save (full and
+ * incremental), verified load (whole, streamed, along a chain), read,
+ * verify, inspect.
  *
  * A checkpoint is a directory with one file per table and a MANIFEST that
  * names them (ckpt_format.c, ckpt_manifest.c). Save never modifies a file
@@ -15,6 +17,9 @@
  * public dynemb_table_import), so a damaged file never half-loads a table.
  * A flock on the directory (exclusive for save, shared for readers) keeps a
  * concurrent save from deleting files a reader is about to open.
+ *
+ * This file is the flow only: the steps it takes are the rooms below it
+ * (ckpt.h lists them), which never call back into it.
  */
 #include "ckpt.h"
 #include "table.h"
@@ -23,187 +28,35 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <zlib.h>
 
 #include "error.h"
 
-#define WHAT_MAX 1024
-
-/* Formats a message prefix into buf[WHAT_MAX]; long names are cut. */
-static void what_fmt(char *buf, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void what_fmt(char *buf, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, WHAT_MAX, fmt, ap);
-  va_end(ap);
-}
-
-/* ---- directory helpers ----------------------------------------------------- */
-
-static int mkdir_p(const char *dir, const char *what);
-
-static int fsync_dir(int dfd) {
-  int e = dynemb_ckpt_fsync(dfd);
-  return e == EINVAL ? 0 : e; /* some file systems cannot sync directories */
-}
-
-/* Syncs the directory holding `path` (so a new entry in it is durable). */
-static void fsync_parent(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *parent;
-  if (!slash)
-    parent = strdup(".");
-  else if (slash == path)
-    parent = strdup("/");
-  else
-    parent = strndup(path, (size_t)(slash - path));
-  if (!parent) return;
-  int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    (void)fsync_dir(fd);
-    close(fd);
-  }
-  free(parent);
-}
-
-/* mkdir -p, syncing the parent of every directory it creates. */
-int dynemb_ckpt_mkdirs(const char *dir, const char *what) {
-  return mkdir_p(dir, what);
-}
-
-static int mkdir_p(const char *dir, const char *what) {
-  char *p = strdup(dir);
-  if (!p) return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
-  size_t len = strlen(p);
-  for (size_t i = 1; i <= len; i++) {
-    if (p[i] != '/' && p[i] != '\0') continue;
-    if (p[i - 1] == '/') continue;
-    char saved = p[i];
-    p[i] = '\0';
-    if (mkdir(p, 0755) == 0) {
-      fsync_parent(p);
-    } else if (errno != EEXIST) {
-      int e = errno;
-      int rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot create directory "
-                                            "'%s': %s",
-                                what, p, strerror(e));
-      free(p);
-      return rc;
-    }
-    p[i] = saved;
-  }
-  free(p);
-  return DYNEMB_OK;
-}
-
-static int open_dir(const char *dir, int create, int lock, const char *what,
-                    int *dfd) {
-  if (create) {
-    int rc = mkdir_p(dir, what);
-    if (rc) return rc;
-  }
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    return dynemb_error_set(DYNEMB_EIO,
-                            "%s: cannot open the checkpoint directory: %s%s",
-                            what, strerror(e),
-                            e == ENOENT ? " (no checkpoint was saved there)"
-                                        : "");
-  }
-  /* Where flock is unsupported we go on unlocked rather than fail. */
-  while (flock(fd, lock) != 0 && errno == EINTR) {
-  }
-  *dfd = fd;
-  return DYNEMB_OK;
-}
-
-/* Reads the MANIFEST; *exists tells whether there was one. */
-static int read_manifest(int dfd, const char *what, dynemb_manifest *m,
-                         int *exists) {
-  memset(m, 0, sizeof *m);
-  *exists = 0;
-  int fd = openat(dfd, DYNEMB_CKPT_MANIFEST, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return DYNEMB_OK;
-    return dynemb_error_set(DYNEMB_EIO, "%s: cannot open MANIFEST: %s", what,
-                            strerror(errno));
-  }
-  *exists = 1;
-  char mwhat[WHAT_MAX];
-  what_fmt(mwhat, "%s: MANIFEST", what);
-  struct stat st;
-  int rc = DYNEMB_OK;
-  char *text = NULL;
-  if (fstat(fd, &st) != 0) {
-    rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot stat: %s", mwhat,
-                          strerror(errno));
-  } else if ((uint64_t)st.st_size > DYNEMB_CKPT_MANIFEST_MAX) {
-    rc = dynemb_error_set(DYNEMB_ECORRUPT,
-                          "%s: %lld bytes is too large for a MANIFEST; "
-                          "restore the checkpoint directory from a backup",
-                          mwhat, (long long)st.st_size);
-  } else if (!(text = malloc((size_t)st.st_size + 1))) {
-    rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", mwhat);
-  } else {
-    int e = dynemb_ckpt_read_all(fd, text, (size_t)st.st_size);
-    if (e > 0)
-      rc = dynemb_error_set(DYNEMB_EIO, "%s: read failed: %s", mwhat,
-                            strerror(e));
-    else if (e < 0)
-      rc = dynemb_error_set(DYNEMB_ECORRUPT, "%s: file shrank while being "
-                                             "read", mwhat);
-    else
-      rc = dynemb_manifest_parse(text, (size_t)st.st_size, mwhat, m);
-  }
-  free(text);
-  close(fd);
-  return rc;
-}
+#define WHAT_MAX DYNEMB_CKPT_WHAT_MAX
 
 /* ---- save ------------------------------------------------------------------- */
+
+/* What an incremental save adds to a save of snapshots. */
+typedef struct save_opts {
+  /* NULL, or per table NULL or where its rows come from (streamed, e.g.
+   * from a table reader; the snapshot then has no values) */
+  const dynemb_ckpt_rows *const *rows;
+  /* non-NULL: an incremental checkpoint, into a directory that holds no
+   * checkpoint yet (EINVAL otherwise) */
+  const dynemb_ckpt_delta *delta;
+  uint32_t manifest_crc; /* out: CRC32 of the MANIFEST written */
+} save_opts;
 
 static int cmp_entry(const void *a, const void *b) {
   return strcmp(((const dynemb_manifest_entry *)a)->name,
                 ((const dynemb_manifest_entry *)b)->name);
-}
-
-/* Writes a file to `tmp`, fsyncs it and renames it to `final`. `write_fn`
- * produces the contents. */
-typedef int (*content_fn)(int fd, const char *what, void *ctx);
-
-static int write_atomic(int dfd, const char *tmp, const char *final,
-                        const char *what, content_fn fn, void *ctx) {
-  int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return dynemb_error_set(DYNEMB_EIO, "%s: cannot create: %s", what,
-                            strerror(errno));
-  int rc = fn(fd, what, ctx);
-  if (!rc) {
-    int e = dynemb_ckpt_fsync(fd);
-    if (e) rc = dynemb_error_set(DYNEMB_EIO, "%s: fsync failed: %s", what,
-                                 strerror(e));
-  }
-  if (close(fd) != 0 && !rc)
-    rc = dynemb_error_set(DYNEMB_EIO, "%s: close failed: %s", what,
-                          strerror(errno));
-  if (!rc) {
-    dynemb_ckpt_fault_point();
-    if (renameat(dfd, tmp, dfd, final) != 0)
-      rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot rename to '%s': %s", what,
-                            final, strerror(errno));
-  }
-  if (rc) (void)unlinkat(dfd, tmp, 0);
-  return rc;
 }
 
 typedef struct table_ctx {
@@ -291,14 +144,14 @@ static int write_removed_fn(int fd, const char *what, void *ctx) {
 static int save_impl(const char *dir, const char *const *names,
                      dynemb_table *const *tables,
                      const dynemb_snapshot *const *snaps, size_t n,
-                     dynemb_ckpt_save_opts *o) {
+                     save_opts *o) {
   const dynemb_ckpt_delta *delta = o ? o->delta : NULL;
   dynemb_error_clear();
   char what[WHAT_MAX];
   if (!dir || !*dir)
     return dynemb_error_set(DYNEMB_EINVAL, "checkpoint save: directory path "
                                            "is NULL or empty");
-  what_fmt(what, "checkpoint '%s'", dir);
+  dynemb_ckpt_what(what, "checkpoint '%s'", dir);
   if (n && !names)
     return dynemb_error_set(DYNEMB_EINVAL, "%s: tables array is NULL", what);
   for (size_t i = 0; i < n; i++) {
@@ -313,15 +166,15 @@ static int save_impl(const char *dir, const char *const *names,
                                 what, names[i]);
   }
   int dfd = -1;
-  int rc = open_dir(dir, 1, LOCK_EX, what, &dfd);
+  int rc = dynemb_ckpt_open_dir(dir, 1, LOCK_EX, what, &dfd);
   if (rc) return rc;
   dynemb_manifest old, next = {0};
   int exists;
-  rc = read_manifest(dfd, what, &old, &exists);
+  rc = dynemb_manifest_read(dfd, what, &old, &exists);
   if (rc) {
     if (rc == DYNEMB_ECORRUPT || rc == DYNEMB_EVERSION) {
       char msg[WHAT_MAX];
-      what_fmt(msg, "%s", dynemb_last_error());
+      dynemb_ckpt_what(msg, "%s", dynemb_last_error());
       rc = dynemb_error_set(rc, "%s (save refuses to replace a MANIFEST it "
                                 "cannot read, since that would lose the "
                                 "tables it lists; move the directory away "
@@ -360,9 +213,9 @@ static int save_impl(const char *dir, const char *const *names,
     char file[64], tmp[80], fwhat[WHAT_MAX];
     snprintf(file, sizeof file, "g%06" PRIu64 "-removed.drem", gen);
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
-    what_fmt(fwhat, "%s: file '%s'", what, tmp);
+    dynemb_ckpt_what(fwhat, "%s: file '%s'", what, tmp);
     removed_ctx rcx = {.delta = delta};
-    rc = write_atomic(dfd, tmp, file, fwhat, write_removed_fn, &rcx);
+    rc = dynemb_ckpt_write_atomic(dfd, tmp, file, fwhat, write_removed_fn, &rcx);
     if (rc) goto done;
     written[n] = strdup(file);
     next.parent = strdup(delta->parent);
@@ -379,7 +232,7 @@ static int save_impl(const char *dir, const char *const *names,
     char file[64], tmp[80], fwhat[WHAT_MAX];
     snprintf(file, sizeof file, "g%06" PRIu64 "-t%04zu.dtab", gen, i);
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
-    what_fmt(fwhat, "%s: file '%s' of table '%s'", what, tmp,
+    dynemb_ckpt_what(fwhat, "%s: file '%s' of table '%s'", what, tmp,
              names[i]);
     dynemb_snapshot own = {0};
     table_ctx c = {.name = names[i], .snap = tables ? &own : snaps[i],
@@ -398,7 +251,7 @@ static int save_impl(const char *dir, const char *const *names,
       rc = dynemb_table_snapshot(tables[i], &own);
     }
     if (rc) break;
-    rc = write_atomic(dfd, tmp, file, fwhat, write_table_fn, &c);
+    rc = dynemb_ckpt_write_atomic(dfd, tmp, file, fwhat, write_table_fn, &c);
     dynemb_table_snapshot_close(rd);
     if (tables) dynemb_snapshot_free(&own);
     if (rc) break;
@@ -428,7 +281,7 @@ static int save_impl(const char *dir, const char *const *names,
   }
   if (rc) goto done;
   qsort(next.entries, next.n, sizeof *next.entries, cmp_entry);
-  int e = fsync_dir(dfd); /* the new files' names are durable ... */
+  int e = dynemb_ckpt_fsync_dir(dfd); /* the new files' names are durable ... */
   if (e) {
     rc = dynemb_error_set(DYNEMB_EIO, "%s: fsync of the directory failed: %s",
                           what, strerror(e));
@@ -438,14 +291,14 @@ static int save_impl(const char *dir, const char *const *names,
   rc = dynemb_manifest_format(&next, &text, &len);
   if (rc) goto done;
   char mwhat[WHAT_MAX];
-  what_fmt(mwhat, "%s: file 'MANIFEST.tmp'", what);
+  dynemb_ckpt_what(mwhat, "%s: file 'MANIFEST.tmp'", what);
   text_ctx tc = {text, len};
   /* ... before the MANIFEST that points to them replaces the old one. */
-  rc = write_atomic(dfd, DYNEMB_CKPT_MANIFEST ".tmp", DYNEMB_CKPT_MANIFEST,
+  rc = dynemb_ckpt_write_atomic(dfd, DYNEMB_CKPT_MANIFEST ".tmp", DYNEMB_CKPT_MANIFEST,
                     mwhat, write_text_fn, &tc);
   if (rc) goto done;
   if (o) o->manifest_crc = (uint32_t)crc32(0L, (const unsigned char *)text, (uInt)len);
-  e = fsync_dir(dfd);
+  e = dynemb_ckpt_fsync_dir(dfd);
   if (e) {
     /* The rename happened but may not be durable: report it, and keep the
      * old files, which a crash could still bring back into use. */
@@ -480,10 +333,24 @@ int dynemb_ckpt_save_snapshots(const char *dir, const char *const *names,
   return save_impl(dir, names, NULL, snaps, n, NULL);
 }
 
-int dynemb_ckpt_save_with(const char *dir, const char *const *names,
-                          const dynemb_snapshot *const *snaps, size_t n,
-                          dynemb_ckpt_save_opts *o) {
-  return save_impl(dir, names, NULL, snaps, n, o);
+/* Incremental saves run one at a time: each reads the tracks of its
+ * tables, saves, and replaces them, and a save running in between would
+ * make a delta name one base and hold the changes against another. */
+static pthread_mutex_t incremental_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int dynemb_checkpoint_save_incremental(const char *dir,
+                                       dynemb_table *const *tables, size_t n,
+                                       int full, int *delta_out) {
+  pthread_mutex_lock(&incremental_lock);
+  dynemb_error_clear();
+  if (delta_out) *delta_out = 0;
+  dynemb_delta_save s;
+  int rc = dynemb_delta_save_begin(&s, dir, tables, n, full);
+  save_opts o = {.rows = s.rows, .delta = s.delta};
+  if (!rc) rc = save_impl(dir, s.names, NULL, s.snaps, n, &o);
+  rc = dynemb_delta_save_end(&s, dir, rc, o.manifest_crc, delta_out);
+  pthread_mutex_unlock(&incremental_lock);
+  return rc;
 }
 
 int dynemb_checkpoint_save(const char *dir, dynemb_table *const *tables,
@@ -503,286 +370,6 @@ int dynemb_checkpoint_save(const char *dir, dynemb_table *const *tables,
 
 /* ---- reading ---------------------------------------------------------------- */
 
-/* An open checkpoint directory (shared lock) and its MANIFEST. */
-typedef struct ckpt_dir {
-  int dfd;
-  dynemb_manifest m;
-  char what[WHAT_MAX];
-} ckpt_dir;
-
-static int dir_open(const char *dir, ckpt_dir *d) {
-  memset(d, 0, sizeof *d);
-  d->dfd = -1;
-  if (!dir || !*dir)
-    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint: directory path is "
-                                           "NULL or empty");
-  what_fmt(d->what, "checkpoint '%s'", dir);
-  int rc = open_dir(dir, 0, LOCK_SH, d->what, &d->dfd);
-  if (rc) return rc;
-  int exists;
-  rc = read_manifest(d->dfd, d->what, &d->m, &exists);
-  if (!rc && !exists)
-    rc = dynemb_error_set(DYNEMB_EIO,
-                          "%s: cannot open MANIFEST: %s (the directory holds "
-                          "no dynemb checkpoint, or its save never "
-                          "finished)",
-                          d->what, strerror(ENOENT));
-  if (rc) {
-    close(d->dfd);
-    d->dfd = -1;
-  }
-  return rc;
-}
-
-static void dir_close(ckpt_dir *d) {
-  if (d->dfd >= 0) close(d->dfd);
-  dynemb_manifest_free(&d->m);
-  d->dfd = -1;
-}
-
-static const dynemb_manifest_entry *dir_find(ckpt_dir *d, const char *name) {
-  const dynemb_manifest_entry *e = dynemb_manifest_find(&d->m, name);
-  if (e) return e;
-  char list[640];
-  size_t len = 0;
-  list[0] = '\0';
-  for (size_t i = 0; i < d->m.n; i++) {
-    int w = snprintf(list + len, sizeof list - len, "%s'%s'", i ? ", " : "",
-                     d->m.entries[i].name);
-    if (w < 0 || (size_t)w >= sizeof list - len) {
-      snprintf(list + (len < sizeof list - 8 ? len : sizeof list - 8), 8,
-               ", ...");
-      break;
-    }
-    len += (size_t)w;
-  }
-  dynemb_error_set(DYNEMB_ENOTFOUND,
-                   "%s has no table '%s'; it holds %s%s%s", d->what, name,
-                   d->m.n ? "these tables: " : "no tables", list,
-                   d->m.n ? " (pass one of them as the name in the "
-                            "checkpoint)"
-                          : "");
-  return NULL;
-}
-
-/* Reads table file `e`: header only (snap unused), or everything (snap NULL
- * verifies without keeping data). */
-static int dir_read_table(ckpt_dir *d, const dynemb_manifest_entry *e,
-                          int header_only, dynemb_ckpt_header *h,
-                          dynemb_snapshot *snap, uint64_t *file_bytes) {
-  char what[WHAT_MAX];
-  what_fmt(what, "%s: file '%s' of table '%s'", d->what, e->file,
-           e->name);
-  int fd = openat(d->dfd, e->file, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT)
-      return dynemb_error_set(DYNEMB_ECORRUPT,
-                              "%s: the file is missing; restore the "
-                              "checkpoint directory from a backup or retrain",
-                              what);
-    return dynemb_error_set(DYNEMB_EIO, "%s: cannot open: %s", what,
-                            strerror(err));
-  }
-  struct stat st;
-  int rc = DYNEMB_OK;
-  dynemb_ckpt_src src;
-  if (fstat(fd, &st) != 0) {
-    rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot stat: %s", what,
-                          strerror(errno));
-    goto out;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    rc = dynemb_error_set(DYNEMB_ECORRUPT, "%s: not a regular file", what);
-    goto out;
-  }
-  if (file_bytes) *file_bytes = (uint64_t)st.st_size;
-  dynemb_ckpt_src_fd(&src, fd, (uint64_t)st.st_size);
-  if (header_only) {
-    rc = dynemb_ckpt_table_read_header(&src, what, h);
-  } else {
-    if ((uint64_t)st.st_size != e->bytes) {
-      rc = dynemb_error_set(DYNEMB_ECORRUPT,
-                            "%s: file is %" PRIu64
-                            " bytes but MANIFEST says %" PRIu64
-                            "; it is truncated or damaged: restore it from a "
-                            "backup or retrain",
-                            what, (uint64_t)st.st_size, e->bytes);
-      goto out;
-    }
-    rc = dynemb_ckpt_table_read(&src, what, h, snap);
-    if (!rc && src.crc != e->crc) {
-      rc = dynemb_error_set(DYNEMB_ECORRUPT,
-                            "%s: file checksum mismatch with MANIFEST "
-                            "(stored 0x%08" PRIx32 ", computed 0x%08" PRIx32
-                            "); the file was replaced or damaged: restore it "
-                            "from a backup or retrain",
-                            what, e->crc, src.crc);
-      dynemb_ckpt_header_free(h);
-      if (snap) dynemb_snapshot_free(snap);
-    }
-  }
-  if (!rc && strcmp(h->name, e->name) != 0) {
-    rc = dynemb_error_set(DYNEMB_ECORRUPT,
-                          "%s: the file holds table '%s', not the table the "
-                          "MANIFEST names; restore the checkpoint directory "
-                          "from a backup",
-                          what, h->name);
-    dynemb_ckpt_header_free(h);
-    if (snap) dynemb_snapshot_free(snap);
-  }
-out:
-  close(fd);
-  return rc;
-}
-
-/* ---- incremental checkpoints: the chain of directories ------------------- */
-
-/* Longest chain of incremental checkpoints a reader follows (a loop of
- * directories, which no save makes, stops there). */
-#define CHAIN_MAX 1000
-
-int dynemb_ckpt_manifest_crc(const char *dir, uint32_t *crc) {
-  size_t n = strlen(dir) + sizeof "/" DYNEMB_CKPT_MANIFEST;
-  char *path = malloc(n);
-  if (!path) return dynemb_error_set(DYNEMB_ENOMEM, "out of memory");
-  snprintf(path, n, "%s/%s", dir, DYNEMB_CKPT_MANIFEST);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  free(path);
-  if (fd < 0)
-    return dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': cannot open "
-                            "MANIFEST: %s", dir, strerror(errno));
-  unsigned char buf[1 << 14];
-  uint32_t c = (uint32_t)crc32(0L, Z_NULL, 0);
-  uint64_t total = 0;
-  int rc = DYNEMB_OK;
-  for (;;) {
-    ssize_t r = read(fd, buf, sizeof buf);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      rc = dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': reading MANIFEST: "
-                            "%s", dir, strerror(errno));
-      break;
-    }
-    if (r == 0) break;
-    total += (uint64_t)r;
-    if (total > DYNEMB_CKPT_MANIFEST_MAX) {
-      rc = dynemb_error_set(DYNEMB_ECORRUPT, "checkpoint '%s': MANIFEST is "
-                            "too large", dir);
-      break;
-    }
-    c = (uint32_t)crc32(c, buf, (uInt)r);
-  }
-  close(fd);
-  if (!rc) *crc = c;
-  return rc;
-}
-
-/* *out: the directory that incremental checkpoint `d` (of `dir`) builds
- * on (malloc'ed), checked to be the one it was written against. */
-static int chain_parent(const char *dir, const ckpt_dir *d, int depth,
-                        char **out) {
-  *out = NULL;
-  if (depth >= CHAIN_MAX)
-    return dynemb_error_set(DYNEMB_ECORRUPT, "%s: more than %d incremental "
-                            "checkpoints in a chain (a loop of directories?)",
-                            d->what, CHAIN_MAX);
-  const char *p = d->m.parent;
-  size_t n = strlen(dir) + strlen(p) + 2;
-  char *path = malloc(n);
-  if (!path) return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", d->what);
-  if (p[0] == '/') snprintf(path, n, "%s", p);
-  else snprintf(path, n, "%s/%s", dir, p);
-  /* canonical, or a long chain's "a/../b/../c/.." would outgrow PATH_MAX */
-  char *canon = realpath(path, NULL);
-  if (canon) {
-    free(path);
-    path = canon;
-  }
-  uint32_t crc;
-  int rc = dynemb_ckpt_manifest_crc(path, &crc);
-  if (rc) {
-    char msg[WHAT_MAX];
-    what_fmt(msg, "%s", dynemb_last_error());
-    rc = dynemb_error_set(DYNEMB_ECORRUPT,
-                     "%s is incremental: it builds on '%s', which cannot be "
-                     "read (%s); restore that directory, or load a full "
-                     "checkpoint",
-                     d->what, path, msg);
-  } else if (crc != d->m.parent_crc) {
-    dynemb_error_set(DYNEMB_ECORRUPT,
-                     "%s is incremental: it builds on '%s', whose MANIFEST "
-                     "is not the one it was written against (stored CRC "
-                     "0x%08" PRIx32 ", now 0x%08" PRIx32 "; that directory "
-                     "was saved again); restore it, or load a full "
-                     "checkpoint",
-                     d->what, path, d->m.parent_crc, crc);
-    rc = DYNEMB_ECORRUPT;
-  }
-  if (rc) {
-    free(path);
-    return rc;
-  }
-  *out = path;
-  return DYNEMB_OK;
-}
-
-/* Table `name` of delta directory `d`: its snapshot (or only verified when
- * snap is NULL) and the keys removed since the checkpoint it builds on. */
-static int delta_read(ckpt_dir *d, const char *name, dynemb_snapshot *snap,
-                      int64_t **rk, size_t *nr, int64_t **ck, size_t *nc) {
-  const dynemb_manifest_entry *e = dir_find(d, name);
-  if (!e) return DYNEMB_ENOTFOUND;
-  dynemb_ckpt_header h;
-  int rc = dir_read_table(d, e, 0, &h, snap, NULL);
-  if (rc) return rc;
-  dynemb_ckpt_header_free(&h);
-  rc = dynemb_ckpt_removed_read(d->dfd, &d->m.removed, d->what, name, rk, nr,
-                                ck, nc);
-  if (rc && snap) dynemb_snapshot_free(snap);
-  return rc;
-}
-
-/* Table `name` of full checkpoint `d`, read whole into `snap` (NULL:
- * verified only). */
-static int full_read(ckpt_dir *d, const char *name, dynemb_snapshot *snap) {
-  const dynemb_manifest_entry *e = dir_find(d, name);
-  dynemb_ckpt_header h;
-  int rc = e ? dir_read_table(d, e, 0, &h, snap, NULL) : DYNEMB_ENOTFOUND;
-  if (!rc) dynemb_ckpt_header_free(&h);
-  return rc;
-}
-
-static int read_at(const char *dir, const char *name, dynemb_snapshot *snap,
-                   int depth) {
-  ckpt_dir d;
-  int rc = dir_open(dir, &d);
-  if (rc) return rc;
-  if (!d.m.parent) {
-    rc = full_read(&d, name, snap);
-    dir_close(&d);
-    return rc;
-  }
-  /* an incremental checkpoint: what it builds on, then its changes */
-  char *parent = NULL;
-  dynemb_snapshot base = {0}, delta = {0};
-  int64_t *rk = NULL, *ck = NULL;
-  size_t nr = 0, nc = 0;
-  rc = chain_parent(dir, &d, depth, &parent);
-  if (!rc) rc = read_at(parent, name, &base, depth + 1);
-  if (!rc) rc = delta_read(&d, name, &delta, &rk, &nr, &ck, &nc);
-  if (!rc) {
-    rc = dynemb_ckpt_apply_delta(&base, rk, nr, ck, nc, &delta, d.what, snap);
-    dynemb_snapshot_free(&delta);
-  }
-  dynemb_snapshot_free(&base);
-  free(rk);
-  free(ck);
-  free(parent);
-  dir_close(&d);
-  return rc;
-}
-
 int dynemb_checkpoint_read(const char *dir, const char *name,
                            dynemb_snapshot *snap) {
   dynemb_error_clear();
@@ -790,23 +377,7 @@ int dynemb_checkpoint_read(const char *dir, const char *name,
     return dynemb_error_set(DYNEMB_EINVAL, "checkpoint read: %s is NULL",
                             snap ? "table name" : "snapshot");
   memset(snap, 0, sizeof *snap);
-  return read_at(dir, name, snap, 0);
-}
-
-/* pread of exactly n bytes at `off`: 0, an errno value, or -1 (the file
- * ended first). */
-static int pread_all(int fd, void *buf, size_t n, uint64_t off) {
-  unsigned char *p = buf;
-  while (n) {
-    ssize_t r = pread(fd, p, n, (off_t)off);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return errno;
-    if (r == 0) return -1;
-    p += r;
-    n -= (size_t)r;
-    off += (uint64_t)r;
-  }
-  return 0;
+  return dynemb_ckpt_chain_read(dir, name, snap);
 }
 
 /* Reads n little-endian elements of `eb` bytes (8: int64, 4: uint32, or
@@ -817,7 +388,7 @@ static int read_elems(int fd, uint64_t off, size_t n, size_t eb, int is_float,
   size_t per = DYNEMB_CKPT_BLOCK / eb;
   for (size_t done = 0; done < n;) {
     size_t k = n - done < per ? n - done : per;
-    int e = pread_all(fd, blk, k * eb, off + done * eb);
+    int e = dynemb_ckpt_pread_all(fd, blk, k * eb, off + done * eb);
     if (e)
       return dynemb_error_set(DYNEMB_EIO, "%s: read failed: %s", what,
                               e < 0 ? "unexpected end of file" : strerror(e));
@@ -854,7 +425,7 @@ static void apply_options(const dynemb_load_options *o, uint32_t *last,
 /* Prefixes the failed load's message with the checkpoint and table. */
 static int load_error(int rc, const char *dir, const char *name) {
   char msg[WHAT_MAX];
-  what_fmt(msg, "%s", dynemb_last_error());
+  dynemb_ckpt_what(msg, "%s", dynemb_last_error());
   return dynemb_error_set(rc, "checkpoint '%s', table '%s': %s", dir, name,
                           msg);
 }
@@ -876,14 +447,14 @@ static int dim_error(const char *dir, const char *name, int ckpt_dim,
  * takes the candidates, the flags and the step count). The checks of the
  * first step (dims, optimizer, sizes) fail before anything changes; a
  * later failure (disk, memory) leaves the rows imported so far. */
-static int load_streamed(ckpt_dir *d, const dynemb_manifest_entry *e,
+static int load_streamed(dynemb_ckpt_dir *d, const dynemb_manifest_entry *e,
                          dynemb_table *t, unsigned flags, uint32_t shard_index,
                          uint32_t shard_count, const dynemb_load_options *o) {
   dynemb_ckpt_header h;
-  int rc = dir_read_table(d, e, 0, &h, NULL, NULL); /* verify everything */
+  int rc = dynemb_ckpt_dir_read_table(d, e, 0, &h, NULL, NULL); /* verify everything */
   if (rc) return rc;
   char what[WHAT_MAX];
-  what_fmt(what, "%s: file '%s' of table '%s'", d->what, e->file, e->name);
+  dynemb_ckpt_what(what, "%s: file '%s' of table '%s'", d->what, e->file, e->name);
   int fd = openat(d->dfd, e->file, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot open: %s", what,
@@ -972,45 +543,21 @@ static int load_read(const char *dir, dynemb_table *t, const char *name,
                      unsigned flags, uint32_t shard_index, uint32_t shard_count,
                      const dynemb_load_options *opts);
 
-/* Verifies every file of table `name` along the chain from `dir` down to
- * its full checkpoint, before the table changes. */
-static int verify_chain(const char *dir, const char *name, int depth) {
-  ckpt_dir d;
-  int rc = dir_open(dir, &d);
-  if (rc) return rc;
-  if (!d.m.parent) {
-    rc = full_read(&d, name, NULL);
-    dir_close(&d);
-    return rc;
-  }
-  int64_t *rk = NULL, *ck = NULL;
-  size_t nr, nc;
-  rc = delta_read(&d, name, NULL, &rk, &nr, &ck, &nc);
-  free(rk);
-  free(ck);
-  char *parent = NULL;
-  if (!rc) rc = chain_parent(dir, &d, depth, &parent);
-  if (!rc) rc = verify_chain(parent, name, depth + 1);
-  free(parent);
-  dir_close(&d);
-  return rc;
-}
-
 /* Loads a verified chain: the full checkpoint first, then each delta in
  * order (its removed keys, then its rows and candidates). */
 static int load_chain(const char *dir, dynemb_table *t, const char *name,
                       unsigned flags, uint32_t shard_index,
                       uint32_t shard_count, const dynemb_load_options *opts,
                       int depth) {
-  ckpt_dir d;
-  int rc = dir_open(dir, &d);
+  dynemb_ckpt_dir d;
+  int rc = dynemb_ckpt_dir_open(dir, &d);
   if (rc) return rc;
   if (!d.m.parent) {
-    dir_close(&d);
+    dynemb_ckpt_dir_close(&d);
     return load_full(dir, t, name, flags, shard_index, shard_count, opts);
   }
   char *parent = NULL;
-  rc = chain_parent(dir, &d, depth, &parent);
+  rc = dynemb_ckpt_chain_parent(dir, &d, depth, &parent);
   if (!rc)
     rc = load_chain(parent, t, name, flags, shard_index, shard_count, opts,
                     depth + 1);
@@ -1018,7 +565,7 @@ static int load_chain(const char *dir, dynemb_table *t, const char *name,
   dynemb_snapshot snap = {0};
   int64_t *rk = NULL, *ck = NULL;
   size_t nr = 0, nc = 0;
-  if (!rc) rc = delta_read(&d, name, &snap, &rk, &nr, &ck, &nc);
+  if (!rc) rc = dynemb_ckpt_delta_read(&d, name, &snap, &rk, &nr, &ck, &nc);
   if (!rc && snap.dim != dynemb_table_dim(t))
     rc = dim_error(dir, name, snap.dim, dynemb_table_name(t),
                    dynemb_table_dim(t));
@@ -1034,7 +581,7 @@ static int load_chain(const char *dir, dynemb_table *t, const char *name,
   dynemb_snapshot_free(&snap);
   free(rk);
   free(ck);
-  dir_close(&d);
+  dynemb_ckpt_dir_close(&d);
   return rc;
 }
 
@@ -1058,11 +605,11 @@ int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
                             "checkpoint load into table '%s': shard_index %"
                             PRIu32 " must be below shard_count %" PRIu32,
                             tname, shard_index, shard_count);
-  ckpt_dir d0;
-  int rc0 = dir_open(dir, &d0);
+  dynemb_ckpt_dir d0;
+  int rc0 = dynemb_ckpt_dir_open(dir, &d0);
   if (rc0) return rc0;
   int incremental = d0.m.parent != NULL;
-  dir_close(&d0);
+  dynemb_ckpt_dir_close(&d0);
   if (!incremental)
     return load_full(dir, t, name, flags, shard_index, shard_count, opts);
   if (!dynemb_table_has_ssd(t) || !(flags & DYNEMB_IMPORT_REPLACE)) {
@@ -1071,7 +618,7 @@ int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
      * with REPLACE streams the full checkpoint and applies the deltas.) */
     return load_read(dir, t, name, flags, shard_index, shard_count, opts);
   }
-  rc0 = verify_chain(dir, name, 0);
+  rc0 = dynemb_ckpt_chain_verify(dir, name);
   if (!rc0)
     rc0 = load_chain(dir, t, name, flags, shard_index, shard_count, opts, 0);
   return rc0;
@@ -1083,13 +630,13 @@ static int load_full(const char *dir, dynemb_table *t, const char *name,
                      const dynemb_load_options *opts) {
   const char *tname = dynemb_table_name(t);
   if (dynemb_table_has_ssd(t)) { /* may be larger than memory */
-    ckpt_dir d;
-    int rc = dir_open(dir, &d);
+    dynemb_ckpt_dir d;
+    int rc = dynemb_ckpt_dir_open(dir, &d);
     if (rc) return rc;
-    const dynemb_manifest_entry *e = dir_find(&d, name);
+    const dynemb_manifest_entry *e = dynemb_ckpt_dir_find(&d, name);
     dynemb_ckpt_header h;
-    if (e) rc = dir_read_table(&d, e, 1, &h, NULL, NULL);
-    else rc = DYNEMB_ENOTFOUND; /* (dir_find set the message) */
+    if (e) rc = dynemb_ckpt_dir_read_table(&d, e, 1, &h, NULL, NULL);
+    else rc = DYNEMB_ENOTFOUND; /* (dynemb_ckpt_dir_find set the message) */
     if (!rc) {
       if (h.dim != dynemb_table_dim(t))
         rc = dim_error(dir, name, h.dim, tname, dynemb_table_dim(t));
@@ -1099,7 +646,7 @@ static int load_full(const char *dir, dynemb_table *t, const char *name,
       rc = load_streamed(&d, e, t, flags, shard_index, shard_count, opts);
       if (rc) rc = load_error(rc, dir, name);
     }
-    dir_close(&d);
+    dynemb_ckpt_dir_close(&d);
     return rc;
   }
   return load_read(dir, t, name, flags, shard_index, shard_count, opts);
@@ -1127,61 +674,9 @@ static int load_read(const char *dir, dynemb_table *t, const char *name,
   return rc;
 }
 
-static int verify_at(const char *dir, int depth) {
-  ckpt_dir d;
-  int rc = dir_open(dir, &d);
-  if (rc) return rc;
-  for (size_t i = 0; i < d.m.n && !rc; i++) {
-    dynemb_ckpt_header h;
-    if (d.m.parent) { /* its rows, and the keys removed */
-      int64_t *rk = NULL, *ck = NULL;
-      size_t nr, nc;
-      rc = delta_read(&d, d.m.entries[i].name, NULL, &rk, &nr, &ck, &nc);
-      free(rk);
-      free(ck);
-      continue;
-    }
-    rc = dir_read_table(&d, &d.m.entries[i], 0, &h, NULL, NULL);
-    if (!rc) dynemb_ckpt_header_free(&h);
-  }
-  if (!rc && d.m.parent) { /* and everything it builds on */
-    char *parent = NULL;
-    rc = chain_parent(dir, &d, depth, &parent);
-    if (!rc) rc = verify_at(parent, depth + 1);
-    free(parent);
-  }
-  dir_close(&d);
-  return rc;
-}
-
-int dynemb_checkpoint_base(const char *dir, char **base) {
-  dynemb_error_clear();
-  if (!base)
-    return dynemb_error_set(DYNEMB_EINVAL, "checkpoint base: output pointer "
-                                           "is NULL");
-  *base = NULL;
-  ckpt_dir d;
-  int rc = dir_open(dir, &d);
-  if (rc) return rc;
-  if (d.m.parent) {
-    size_t n = strlen(dir) + strlen(d.m.parent) + 2;
-    *base = malloc(n);
-    if (!*base) rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", d.what);
-    else if (d.m.parent[0] == '/') snprintf(*base, n, "%s", d.m.parent);
-    else snprintf(*base, n, "%s/%s", dir, d.m.parent);
-    char *canon = *base ? realpath(*base, NULL) : NULL;
-    if (canon) {
-      free(*base);
-      *base = canon;
-    }
-  }
-  dir_close(&d);
-  return rc;
-}
-
 int dynemb_checkpoint_verify(const char *dir) {
   dynemb_error_clear();
-  return verify_at(dir, 0);
+  return dynemb_ckpt_chain_verify(dir, NULL);
 }
 
 void dynemb_ckpt_entries_free(dynemb_ckpt_entry *entries, size_t n) {
@@ -1201,8 +696,8 @@ int dynemb_checkpoint_inspect(const char *dir, dynemb_ckpt_entry **entries,
                                            "pointer is NULL");
   *entries = NULL;
   *n = 0;
-  ckpt_dir d;
-  int rc = dir_open(dir, &d);
+  dynemb_ckpt_dir d;
+  int rc = dynemb_ckpt_dir_open(dir, &d);
   if (rc) return rc;
   dynemb_ckpt_entry *out = calloc(d.m.n + 1, sizeof *out);
   if (!out) rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", d.what);
@@ -1211,7 +706,7 @@ int dynemb_checkpoint_inspect(const char *dir, dynemb_ckpt_entry **entries,
     const dynemb_manifest_entry *e = &d.m.entries[i];
     dynemb_ckpt_header h;
     dynemb_ckpt_entry *o = &out[got];
-    rc = dir_read_table(&d, e, 1, &h, NULL, &o->file_bytes);
+    rc = dynemb_ckpt_dir_read_table(&d, e, 1, &h, NULL, &o->file_bytes);
     if (rc) break;
     got++;
     o->name = h.name; /* ownership moves */
@@ -1227,7 +722,7 @@ int dynemb_checkpoint_inspect(const char *dir, dynemb_ckpt_entry **entries,
     if (!o->file) rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory",
                                         d.what);
   }
-  dir_close(&d);
+  dynemb_ckpt_dir_close(&d);
   if (rc) {
     dynemb_ckpt_entries_free(out, got);
     return rc;

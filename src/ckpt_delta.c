@@ -15,40 +15,43 @@
  * makes anyway. (Two different rows have the same fingerprint with
  * probability 2^-64.)
  *
- * A delta is an ordinary checkpoint directory of the changed rows whose
- * MANIFEST (format version 2) names the directory it builds on, with that
- * MANIFEST's CRC, and a file of the removed keys (this file's format).
- * Loading follows the chain down to a full checkpoint (ckpt.c).
+ * The tracks live in the table (table_int.h) as state of this room with
+ * the function that frees it. An incremental save is begin (decide delta
+ * or full, collect what to write), the directory save of ckpt.c, and end
+ * (keep this save's fingerprints as the next one's base): the save flow
+ * calls this room and is never called back. Chains are read and merged
+ * in ckpt_chain.c.
  */
-#include "ckpt.h"
+#include "ckpt_delta.h"
 #include "table_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <zlib.h>
 
+#include "ckpt_io.h"
+#include "ckpt_manifest.h"
 #include "error.h"
 
-struct dynemb_delta_track {
+/* The fingerprints of one table as its last tracked save wrote it. */
+typedef struct delta_track {
   char *dir;             /* real path of the tracked save's directory */
   uint32_t manifest_crc; /* its MANIFEST's CRC32 */
   size_t rows, cands;
   int64_t *rkeys, *ckeys; /* sorted */
   uint64_t *rfp, *cfp;
-};
+} delta_track;
 
-/* Guards every table's `track` (saves of a table are rare and short). */
+/* Guards every table's track (saves of a table are rare and short). */
 static pthread_mutex_t track_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void dynemb_delta_track_free(dynemb_delta_track *tr) {
+/* Frees a track: the release function a table calls when it is destroyed
+ * (table_int.h). */
+static void track_free(void *state) {
+  delta_track *tr = state;
   if (!tr) return;
   free(tr->dir);
   free(tr->rkeys);
@@ -56,6 +59,15 @@ void dynemb_delta_track_free(dynemb_delta_track *tr) {
   free(tr->rfp);
   free(tr->cfp);
   free(tr);
+}
+
+/* Replaces table t's track (NULL: drops it). */
+static void set_track(dynemb_table *t, delta_track *tr) {
+  pthread_mutex_lock(&track_lock);
+  track_free(t->ckpt_track);
+  t->ckpt_track = tr;
+  t->ckpt_track_release = track_free;
+  pthread_mutex_unlock(&track_lock);
 }
 
 /* ---- fingerprints ------------------------------------------------------- */
@@ -103,9 +115,9 @@ static uint64_t fp_cand(uint32_t count, uint32_t last) {
 
 /* The table now (snapshot metadata + fingerprints) and, against `old`
  * (NULL: everything is new), what changed. */
-typedef struct table_diff {
+typedef struct dynemb_delta_diff {
   dynemb_snapshot snap;  /* the changed rows and candidates (or all) */
-  dynemb_delta_track now; /* fingerprints of the whole table (dir unset) */
+  delta_track now;       /* fingerprints of the whole table (dir unset) */
   int64_t *rk, *ck;       /* removed keys */
   size_t nr, nc;
   /* A full save of a table on the SSD tier: its reader stays open (the
@@ -203,7 +215,7 @@ static int full_table(dynemb_table *t, table_diff *d) {
 
 /* Fingerprints table `t` and collects in d->snap only what differs from
  * `old`, the track of the save it builds on. */
-static int diff_table(dynemb_table *t, const dynemb_delta_track *old,
+static int diff_table(dynemb_table *t, const delta_track *old,
                       table_diff *d) {
   memset(d, 0, sizeof *d);
   dynemb_table_reader *rd = NULL;
@@ -328,29 +340,11 @@ static char *relative_path(const char *from, const char *to) {
   return out;
 }
 
-/* ---- save ------------------------------------------------------------------- */
+/* ---- an incremental save's two steps -------------------------------------- */
 
-/* Incremental saves run one at a time: each reads the tracks of its
- * tables, saves, and replaces them, and a save running in between would
- * make a delta name one base and hold the changes against another. */
-static pthread_mutex_t save_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static int save_incremental(const char *dir, dynemb_table *const *tables,
-                            size_t n, int full, int *delta_out);
-
-int dynemb_checkpoint_save_incremental(const char *dir,
-                                       dynemb_table *const *tables, size_t n,
-                                       int full, int *delta_out) {
-  pthread_mutex_lock(&save_lock);
-  int rc = save_incremental(dir, tables, n, full, delta_out);
-  pthread_mutex_unlock(&save_lock);
-  return rc;
-}
-
-static int save_incremental(const char *dir, dynemb_table *const *tables,
-                            size_t n, int full, int *delta_out) {
-  dynemb_error_clear();
-  if (delta_out) *delta_out = 0;
+int dynemb_delta_save_begin(dynemb_delta_save *s, const char *dir,
+                            dynemb_table *const *tables, size_t n, int full) {
+  memset(s, 0, sizeof *s);
   if (!dir || !*dir || (n && !tables))
     return dynemb_error_set(DYNEMB_EINVAL, "incremental checkpoint save: "
                             "directory or tables array is NULL");
@@ -361,12 +355,14 @@ static int save_incremental(const char *dir, dynemb_table *const *tables,
   /* A delta needs every table tracked by the same earlier save whose
    * directory still holds what that save wrote. */
   pthread_mutex_lock(&track_lock);
-  const dynemb_delta_track *first = n ? tables[0]->track : NULL;
+  const delta_track *first = n ? tables[0]->ckpt_track : NULL;
   char here[PATH_MAX];
   int delta = !full && first != NULL;
-  for (size_t i = 0; i < n && delta; i++)
-    delta = tables[i]->track && !strcmp(tables[i]->track->dir, first->dir) &&
-            tables[i]->track->manifest_crc == first->manifest_crc;
+  for (size_t i = 0; i < n && delta; i++) {
+    const delta_track *tr = tables[i]->ckpt_track;
+    delta = tr && !strcmp(tr->dir, first->dir) &&
+            tr->manifest_crc == first->manifest_crc;
+  }
   char *parent_dir = delta ? strdup(first->dir) : NULL;
   uint32_t parent_crc = delta ? first->manifest_crc : 0;
   pthread_mutex_unlock(&track_lock);
@@ -384,34 +380,39 @@ static int save_incremental(const char *dir, dynemb_table *const *tables,
   }
   dynemb_error_clear();
 
-  table_diff *diffs = calloc(n + 1, sizeof *diffs);
-  const char **names = calloc(n + 1, sizeof *names);
-  const dynemb_snapshot **snaps = calloc(n + 1, sizeof *snaps);
-  const dynemb_ckpt_rows **rows = calloc(n + 1, sizeof *rows);
-  dynemb_ckpt_removed *removed = calloc(n + 1, sizeof *removed);
-  int rc = diffs && names && snaps && rows && removed
+  s->started = 1;
+  s->tables = tables;
+  s->n = n;
+  s->is_delta = delta;
+  s->parent_dir = parent_dir;
+  s->diffs = calloc(n + 1, sizeof *s->diffs);
+  s->names = calloc(n + 1, sizeof *s->names);
+  s->snaps = calloc(n + 1, sizeof *s->snaps);
+  s->rows = calloc(n + 1, sizeof *s->rows);
+  s->removed = calloc(n + 1, sizeof *s->removed);
+  int rc = s->diffs && s->names && s->snaps && s->rows && s->removed
                ? DYNEMB_OK
                : dynemb_error_set(DYNEMB_ENOMEM, "incremental checkpoint "
                                   "save: out of memory");
   /* What is fingerprinted is exactly what is written: the delta's rows,
    * or a full save's snapshot (in memory) or streamed rows (SSD tier). */
   for (size_t i = 0; i < n && !rc; i++) {
+    table_diff *d = &s->diffs[i];
     if (delta) {
       pthread_mutex_lock(&track_lock);
-      rc = diff_table(tables[i], tables[i]->track, &diffs[i]);
+      rc = diff_table(tables[i], tables[i]->ckpt_track, d);
       pthread_mutex_unlock(&track_lock);
     } else {
-      rc = full_table(tables[i], &diffs[i]);
+      rc = full_table(tables[i], d);
     }
-    names[i] = tables[i]->name;
-    snaps[i] = &diffs[i].snap;
-    rows[i] = diffs[i].rd ? &diffs[i].rows : NULL;
-    removed[i] = (dynemb_ckpt_removed){tables[i]->name, diffs[i].rk,
-                                       diffs[i].nr, diffs[i].ck, diffs[i].nc};
+    s->names[i] = tables[i]->name;
+    s->snaps[i] = &d->snap;
+    s->rows[i] = d->rd ? &d->rows : NULL;
+    s->removed[i] = (dynemb_ckpt_removed){tables[i]->name, d->rk, d->nr,
+                                          d->ck, d->nc};
   }
-  dynemb_ckpt_save_opts opts = {.rows = rows};
   if (!rc && delta) {
-    if (!realpath(dir, here)) { /* (the save below would create it) */
+    if (!realpath(dir, here)) { /* (the save would create it) */
       char what[600];
       snprintf(what, sizeof what, "checkpoint '%s'", dir);
       rc = dynemb_ckpt_mkdirs(dir, what);
@@ -419,28 +420,30 @@ static int save_incremental(const char *dir, dynemb_table *const *tables,
         rc = dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': %s", dir,
                               strerror(errno));
     }
-    char *rel = rc ? NULL : relative_path(here, parent_dir);
-    if (!rc && !rel) rc = dynemb_error_set(DYNEMB_ENOMEM, "out of memory");
-    if (!rc) {
-      dynemb_ckpt_delta d = {rel, parent_crc, n, removed};
-      opts.delta = &d;
-      rc = dynemb_ckpt_save_with(dir, names, snaps, n, &opts);
-    }
-    free(rel);
-  } else if (!rc) {
-    rc = dynemb_ckpt_save_with(dir, names, snaps, n, &opts);
+    s->rel = rc ? NULL : relative_path(here, parent_dir);
+    if (!rc && !s->rel) rc = dynemb_error_set(DYNEMB_ENOMEM, "out of memory");
+    s->d = (dynemb_ckpt_delta){s->rel, parent_crc, n, s->removed};
+    if (!rc) s->delta = &s->d;
   }
-  for (size_t i = 0; i < n; i++) { /* the SSD tables' locks go now */
-    dynemb_table_snapshot_close(diffs[i].rd);
-    diffs[i].rd = NULL;
+  return rc;
+}
+
+int dynemb_delta_save_end(dynemb_delta_save *s, const char *dir, int rc,
+                          uint32_t manifest_crc, int *delta_out) {
+  if (!s->started) return rc; /* no table was touched */
+  const size_t n = s->n;
+  dynemb_table *const *tables = s->tables;
+  for (size_t i = 0; s->diffs && i < n; i++) { /* the SSD tables' locks go now */
+    dynemb_table_snapshot_close(s->diffs[i].rd);
+    s->diffs[i].rd = NULL;
   }
-  /* (the CRC of the MANIFEST this save wrote, taken under its lock) */
-  uint32_t crc = opts.manifest_crc;
+  char here[PATH_MAX];
   if (!rc && !realpath(dir, here))
     rc = dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': %s", dir, strerror(errno));
-  /* The save is durable: what it holds is what the next delta builds on. */
+  /* The save is durable: what it holds is what the next delta builds on.
+   * (manifest_crc was taken under the directory's lock.) */
   for (size_t i = 0; i < n && !rc; i++) {
-    dynemb_delta_track *tr = calloc(1, sizeof *tr);
+    delta_track *tr = calloc(1, sizeof *tr);
     char *d = strdup(here);
     if (!tr || !d) {
       free(tr);
@@ -448,283 +451,23 @@ static int save_incremental(const char *dir, dynemb_table *const *tables,
       rc = dynemb_error_set(DYNEMB_ENOMEM, "out of memory");
       break;
     }
-    *tr = diffs[i].now;
+    *tr = s->diffs[i].now;
     tr->dir = d;
-    tr->manifest_crc = crc;
-    memset(&diffs[i].now, 0, sizeof diffs[i].now);
-    pthread_mutex_lock(&track_lock);
-    dynemb_delta_track_free(tables[i]->track);
-    tables[i]->track = tr;
-    pthread_mutex_unlock(&track_lock);
+    tr->manifest_crc = manifest_crc;
+    memset(&s->diffs[i].now, 0, sizeof s->diffs[i].now);
+    set_track(tables[i], tr);
   }
   if (rc) /* the next save must not build on a directory it cannot vouch for */
-    for (size_t i = 0; i < n; i++) {
-      pthread_mutex_lock(&track_lock);
-      dynemb_delta_track_free(tables[i]->track);
-      tables[i]->track = NULL;
-      pthread_mutex_unlock(&track_lock);
-    }
-  if (!rc && delta_out) *delta_out = delta;
-  for (size_t i = 0; diffs && i < n; i++) diff_free(&diffs[i]);
-  free(diffs);
-  free(names);
-  free(snaps);
-  free(rows);
-  free(removed);
-  free(parent_dir);
+    for (size_t i = 0; i < n; i++) set_track(tables[i], NULL);
+  if (!rc && delta_out) *delta_out = s->is_delta;
+  for (size_t i = 0; s->diffs && i < n; i++) diff_free(&s->diffs[i]);
+  free(s->diffs);
+  free(s->names);
+  free(s->snaps);
+  free(s->rows);
+  free(s->removed);
+  free(s->parent_dir);
+  free(s->rel);
+  memset(s, 0, sizeof *s);
   return rc;
-}
-
-/* ---- the removed-keys file ----------------------------------------------------
- *
- *   "DYNEMBRM"  u32 version (1)  u32 tables
- *   per table: u32 name bytes, name, u64 rows, u64 candidates,
- *              int64 keys[rows], int64 keys[candidates]
- *   u32 CRC32 of everything before it
- * (little-endian) */
-
-#define REMOVED_MAGIC "DYNEMBRM"
-#define REMOVED_VERSION 1u
-
-typedef struct wbuf {
-  int fd;
-  const char *what;
-  unsigned char buf[1 << 16];
-  size_t len;
-  uint64_t total;
-  uint32_t crc;
-  int rc;
-} wbuf;
-
-static void w_flush(wbuf *w) {
-  if (w->rc || !w->len) return;
-  w->crc = (uint32_t)crc32(w->crc, w->buf, (uInt)w->len);
-  int e = dynemb_ckpt_write_all(w->fd, w->buf, w->len);
-  if (e)
-    w->rc = dynemb_error_set(DYNEMB_EIO, "%s: write failed: %s", w->what,
-                             strerror(e));
-  w->total += w->len;
-  w->len = 0;
-}
-
-static void w_bytes(wbuf *w, const void *p, size_t n) {
-  const unsigned char *b = p;
-  while (n && !w->rc) {
-    size_t k = sizeof w->buf - w->len < n ? sizeof w->buf - w->len : n;
-    memcpy(w->buf + w->len, b, k);
-    w->len += k;
-    b += k;
-    n -= k;
-    if (w->len == sizeof w->buf) w_flush(w);
-  }
-}
-
-static void w_u32(wbuf *w, uint32_t v) {
-  unsigned char b[4];
-  dynemb_le_put32(b, v);
-  w_bytes(w, b, 4);
-}
-
-static void w_u64(wbuf *w, uint64_t v) {
-  unsigned char b[8];
-  dynemb_le_put64(b, v);
-  w_bytes(w, b, 8);
-}
-
-int dynemb_ckpt_removed_write(int fd, const char *what,
-                              const dynemb_ckpt_delta *d, uint64_t *bytes,
-                              uint32_t *crc) {
-  wbuf *w = calloc(1, sizeof *w);
-  if (!w) return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
-  w->fd = fd;
-  w->what = what;
-  w->crc = (uint32_t)crc32(0L, Z_NULL, 0);
-  w_bytes(w, REMOVED_MAGIC, 8);
-  w_u32(w, REMOVED_VERSION);
-  w_u32(w, (uint32_t)d->n);
-  for (size_t i = 0; i < d->n; i++) {
-    const dynemb_ckpt_removed *r = &d->tables[i];
-    w_u32(w, (uint32_t)strlen(r->name));
-    w_bytes(w, r->name, strlen(r->name));
-    w_u64(w, r->nrows);
-    w_u64(w, r->ncands);
-    for (size_t k = 0; k < r->nrows; k++) w_u64(w, (uint64_t)r->rows[k]);
-    for (size_t k = 0; k < r->ncands; k++) w_u64(w, (uint64_t)r->cands[k]);
-  }
-  w_flush(w);
-  w_u32(w, w->crc); /* the CRC of everything before it */
-  w_flush(w);
-  int rc = w->rc;
-  if (!rc) {
-    *bytes = w->total;
-    *crc = w->crc; /* of the whole file, its own CRC included */
-  }
-  free(w);
-  return rc;
-}
-
-int dynemb_ckpt_removed_read(int dfd, const dynemb_manifest_entry *e,
-                             const char *what, const char *name,
-                             int64_t **rows, size_t *nrows, int64_t **cands,
-                             size_t *ncands) {
-  *rows = *cands = NULL;
-  *nrows = *ncands = 0;
-  char fwhat[1200];
-  snprintf(fwhat, sizeof fwhat, "%s: file '%s'", what, e->file);
-  int fd = openat(dfd, e->file, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return dynemb_error_set(errno == ENOENT ? DYNEMB_ECORRUPT : DYNEMB_EIO,
-                            "%s: cannot open: %s; restore the checkpoint "
-                            "directory from a backup",
-                            fwhat, strerror(errno));
-  struct stat st;
-  unsigned char *b = NULL;
-  int rc = DYNEMB_OK;
-  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != e->bytes || st.st_size < 20)
-    rc = dynemb_error_set(DYNEMB_ECORRUPT, "%s: its size is not the %" PRIu64
-                          " bytes the MANIFEST says; restore the checkpoint "
-                          "directory from a backup",
-                          fwhat, e->bytes);
-  else if (!(b = malloc((size_t)st.st_size)))
-    rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", fwhat);
-  else if (dynemb_ckpt_read_all(fd, b, (size_t)st.st_size) != 0)
-    rc = dynemb_error_set(DYNEMB_EIO, "%s: read failed", fwhat);
-  close(fd);
-  const size_t size = rc ? 0 : (size_t)st.st_size;
-  if (!rc && ((uint32_t)crc32(0L, b, (uInt)size) != e->crc ||
-              (uint32_t)crc32(0L, b, (uInt)(size - 4)) !=
-                  dynemb_le_get32(b + size - 4) ||
-              memcmp(b, REMOVED_MAGIC, 8) ||
-              dynemb_le_get32(b + 8) != REMOVED_VERSION))
-    rc = dynemb_error_set(DYNEMB_ECORRUPT, "%s: checksum or header mismatch; "
-                          "restore the checkpoint directory from a backup",
-                          fwhat);
-  size_t p = 16, end = size - 4;
-  uint32_t tables = rc ? 0 : dynemb_le_get32(b + 12);
-  int found = 0;
-  for (uint32_t i = 0; i < tables && !rc && !found; i++) {
-    if (end - p < 4) goto bad;
-    size_t len = dynemb_le_get32(b + p);
-    p += 4;
-    if (end - p < len + 16) goto bad;
-    int match = len == strlen(name) && !memcmp(b + p, name, len);
-    p += len;
-    uint64_t nr = dynemb_le_get64(b + p), nc = dynemb_le_get64(b + p + 8);
-    p += 16;
-    if (nr > (end - p) / 8 || nc > (end - p) / 8 - nr) goto bad;
-    if (match) {
-      found = 1;
-      *rows = malloc(nr * 8 + 1);
-      *cands = malloc(nc * 8 + 1);
-      if (!*rows || !*cands) {
-        rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", fwhat);
-        break;
-      }
-      for (size_t k = 0; k < nr; k++) (*rows)[k] = (int64_t)dynemb_le_get64(b + p + 8 * k);
-      for (size_t k = 0; k < nc; k++)
-        (*cands)[k] = (int64_t)dynemb_le_get64(b + p + 8 * (nr + k));
-      *nrows = nr;
-      *ncands = nc;
-    }
-    p += 8 * (nr + nc);
-  }
-  if (!rc && !found)
-    rc = dynemb_error_set(DYNEMB_ECORRUPT, "%s: no removed keys of table '%s' "
-                          "(the MANIFEST lists the table); restore the "
-                          "checkpoint directory from a backup",
-                          fwhat, name);
-  goto out;
-bad:
-  rc = dynemb_error_set(DYNEMB_ECORRUPT, "%s: malformed; restore the "
-                        "checkpoint directory from a backup", fwhat);
-out:
-  if (rc) {
-    free(*rows);
-    free(*cands);
-    *rows = *cands = NULL;
-    *nrows = *ncands = 0;
-  }
-  free(b);
-  return rc;
-}
-
-/* ---- a chain in memory -------------------------------------------------------- */
-
-static int in_sorted(const int64_t *keys, size_t n, int64_t k) {
-  size_t lo = 0, hi = n;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (keys[mid] < k) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo < n && keys[lo] == k;
-}
-
-int dynemb_ckpt_apply_delta(const dynemb_snapshot *base, const int64_t *rk,
-                            size_t nr, const int64_t *ck, size_t nc,
-                            const dynemb_snapshot *delta, const char *what,
-                            dynemb_snapshot *out) {
-  memset(out, 0, sizeof *out);
-  if (delta->dim != base->dim || delta->row_floats != base->row_floats ||
-      delta->optimizer_kind != base->optimizer_kind)
-    return dynemb_error_set(DYNEMB_EMISMATCH,
-                            "%s: its rows have dim %d and %d floats (optimizer "
-                            "%d) but the checkpoint it builds on has dim %d "
-                            "and %d floats (optimizer %d); it belongs to "
-                            "another table layout",
-                            what, delta->dim, delta->row_floats,
-                            delta->optimizer_kind, base->dim,
-                            base->row_floats, base->optimizer_kind);
-  const size_t rf = (size_t)base->row_floats;
-  size_t cap_r = base->rows + delta->rows, cap_c = base->candidates + delta->candidates;
-  *out = (dynemb_snapshot){.dim = base->dim, .row_floats = base->row_floats,
-                           .optimizer_kind = base->optimizer_kind,
-                           .apply_steps = delta->apply_steps};
-  out->keys = malloc(cap_r * 8 + 1);
-  out->values = malloc(cap_r * rf * sizeof(float) + 1);
-  out->last_access = malloc(cap_r * 4 + 1);
-  out->cand_keys = malloc(cap_c * 8 + 1);
-  out->cand_counts = malloc(cap_c * 4 + 1);
-  out->cand_last_access = malloc(cap_c * 4 + 1);
-  if (!out->keys || !out->values || !out->last_access || !out->cand_keys ||
-      !out->cand_counts || !out->cand_last_access) {
-    dynemb_snapshot_free(out);
-    return dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", what);
-  }
-  /* rows: merge by key, the delta's winning; removed rows dropped */
-  size_t i = 0, j = 0, m = 0;
-  while (i < base->rows || j < delta->rows) {
-    int from_delta = j < delta->rows &&
-                     (i >= base->rows || delta->keys[j] <= base->keys[i]);
-    if (from_delta && i < base->rows && delta->keys[j] == base->keys[i]) i++;
-    const dynemb_snapshot *s = from_delta ? delta : base;
-    size_t k = from_delta ? j++ : i++;
-    if (!from_delta && in_sorted(rk, nr, s->keys[k])) continue;
-    out->keys[m] = s->keys[k];
-    out->last_access[m] = s->last_access[k];
-    memcpy(out->values + m * rf, s->values + k * rf, rf * sizeof(float));
-    m++;
-  }
-  out->rows = m;
-  /* candidates: the same, and none that is a row now */
-  i = j = m = 0;
-  while (i < base->candidates || j < delta->candidates) {
-    int from_delta = j < delta->candidates &&
-                     (i >= base->candidates ||
-                      delta->cand_keys[j] <= base->cand_keys[i]);
-    if (from_delta && i < base->candidates &&
-        delta->cand_keys[j] == base->cand_keys[i])
-      i++;
-    const dynemb_snapshot *s = from_delta ? delta : base;
-    size_t k = from_delta ? j++ : i++;
-    int64_t key = s->cand_keys[k];
-    if (!from_delta && in_sorted(ck, nc, key)) continue;
-    if (in_sorted(out->keys, out->rows, key)) continue;
-    out->cand_keys[m] = key;
-    out->cand_counts[m] = s->cand_counts[k];
-    out->cand_last_access[m] = s->cand_last_access[k];
-    m++;
-  }
-  out->candidates = m;
-  return DYNEMB_OK;
 }

@@ -14,7 +14,7 @@
  * checksum is verified before data is trusted, and a checksum mismatch is
  * reported in preference to the structural error it probably caused.
  */
-#include "ckpt.h"
+#include "ckpt_format.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -22,6 +22,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "ckpt_io.h"
 #include "error.h"
 #include "optim.h"
 

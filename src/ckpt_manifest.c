@@ -19,16 +19,26 @@
  * checkpoint's MANIFEST CRC, and the file of the keys removed since:
  *
  *   delta ../sparse-model-100 5f3e2a10 g000001-removed.drem 120 0badc0de
+ *
+ * Reading the file from a directory and its whole-file CRC32 (what a delta
+ * records of its base) are here too, beside the text they are about, so
+ * that the chain and the save flow both find the MANIFEST in one room.
  */
-#include "ckpt.h"
+#include "ckpt_manifest.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include "ckpt_format.h"
+#include "ckpt_io.h"
 #include "error.h"
 
 static const char k_magic[] = "dynemb-checkpoint-manifest ";
@@ -434,4 +444,84 @@ int dynemb_manifest_format(const dynemb_manifest *m, char **text,
   *text = b.p;
   *len = b.len;
   return DYNEMB_OK;
+}
+
+/* ---- the file in a directory -------------------------------------------------- */
+
+int dynemb_manifest_read(int dfd, const char *what, dynemb_manifest *m,
+                         int *exists) {
+  memset(m, 0, sizeof *m);
+  *exists = 0;
+  int fd = openat(dfd, DYNEMB_CKPT_MANIFEST, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return DYNEMB_OK;
+    return dynemb_error_set(DYNEMB_EIO, "%s: cannot open MANIFEST: %s", what,
+                            strerror(errno));
+  }
+  *exists = 1;
+  char mwhat[DYNEMB_CKPT_WHAT_MAX];
+  dynemb_ckpt_what(mwhat, "%s: MANIFEST", what);
+  struct stat st;
+  int rc = DYNEMB_OK;
+  char *text = NULL;
+  if (fstat(fd, &st) != 0) {
+    rc = dynemb_error_set(DYNEMB_EIO, "%s: cannot stat: %s", mwhat,
+                          strerror(errno));
+  } else if ((uint64_t)st.st_size > DYNEMB_CKPT_MANIFEST_MAX) {
+    rc = dynemb_error_set(DYNEMB_ECORRUPT,
+                          "%s: %lld bytes is too large for a MANIFEST; "
+                          "restore the checkpoint directory from a backup",
+                          mwhat, (long long)st.st_size);
+  } else if (!(text = malloc((size_t)st.st_size + 1))) {
+    rc = dynemb_error_set(DYNEMB_ENOMEM, "%s: out of memory", mwhat);
+  } else {
+    int e = dynemb_ckpt_read_all(fd, text, (size_t)st.st_size);
+    if (e > 0)
+      rc = dynemb_error_set(DYNEMB_EIO, "%s: read failed: %s", mwhat,
+                            strerror(e));
+    else if (e < 0)
+      rc = dynemb_error_set(DYNEMB_ECORRUPT, "%s: file shrank while being "
+                                             "read", mwhat);
+    else
+      rc = dynemb_manifest_parse(text, (size_t)st.st_size, mwhat, m);
+  }
+  free(text);
+  close(fd);
+  return rc;
+}
+
+int dynemb_ckpt_manifest_crc(const char *dir, uint32_t *crc) {
+  size_t n = strlen(dir) + sizeof "/" DYNEMB_CKPT_MANIFEST;
+  char *path = malloc(n);
+  if (!path) return dynemb_error_set(DYNEMB_ENOMEM, "out of memory");
+  snprintf(path, n, "%s/%s", dir, DYNEMB_CKPT_MANIFEST);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  free(path);
+  if (fd < 0)
+    return dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': cannot open "
+                            "MANIFEST: %s", dir, strerror(errno));
+  unsigned char buf[1 << 14];
+  uint32_t c = (uint32_t)crc32(0L, Z_NULL, 0);
+  uint64_t total = 0;
+  int rc = DYNEMB_OK;
+  for (;;) {
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      rc = dynemb_error_set(DYNEMB_EIO, "checkpoint '%s': reading MANIFEST: "
+                            "%s", dir, strerror(errno));
+      break;
+    }
+    if (r == 0) break;
+    total += (uint64_t)r;
+    if (total > DYNEMB_CKPT_MANIFEST_MAX) {
+      rc = dynemb_error_set(DYNEMB_ECORRUPT, "checkpoint '%s': MANIFEST is "
+                            "too large", dir);
+      break;
+    }
+    c = (uint32_t)crc32(c, buf, (uInt)r);
+  }
+  close(fd);
+  if (!rc) *crc = c;
+  return rc;
 }

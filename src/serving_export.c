@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt.h"
+#include "ckpt_io.h"
 #include "error.h"
 
 /* Rows per block: bounded memory whatever the table size. */

@@ -236,7 +236,7 @@ void dynemb_table_destroy(dynemb_table *t) {
     dynemb_slab_pool_destroy(&t->slot_pool);
   }
   dynemb_ssd_close(&t->ssd);
-  dynemb_delta_track_free(t->track);
+  if (t->ckpt_track_release) t->ckpt_track_release(t->ckpt_track);
   free(t->name);
   free(t->default_value);
   free(t->ssd_data_path);

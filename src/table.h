@@ -36,11 +36,6 @@ void dynemb_table_remove_keys(dynemb_table *t, const int64_t *rows,
                               size_t nrows, const int64_t *cands,
                               size_t ncands);
 
-/* What the table's last incremental-checkpoint save left for the next one
- * to compare with (ckpt_delta.c); freed with the table. */
-typedef struct dynemb_delta_track dynemb_delta_track;
-void dynemb_delta_track_free(dynemb_delta_track *tr);
-
 /* Whether the table has an SSD tier (its checkpoints stream rows). */
 int dynemb_table_has_ssd(const dynemb_table *t);
 

@@ -93,7 +93,16 @@ struct dynemb_table {
   dynemb_slab_pool pool;      /* embedding chunk memory of every shard */
   dynemb_slab_pool slot_pool; /* optimizer slot chunk memory (if slots) */
   dynemb_ssd ssd;             /* the SSD tier (off unless configured) */
-  dynemb_delta_track *track;  /* incremental checkpoints (ckpt_delta.c) */
+  /* What the last incremental-checkpoint save left for the next one to
+   * compare with: state of ckpt_delta.c, which sets both fields (under its
+   * lock) and gives the function that frees it, called when the table is
+   * destroyed. A release function rather than a call into ckpt_delta.c:
+   * checkpoints are built on the table, and a table that named their
+   * function would depend on them back (a circle); and rather than a lower
+   * module owning the memory, since only the delta room knows what the
+   * state holds and it changes with the delta format. */
+  void *ckpt_track;
+  void (*ckpt_track_release)(void *state);
 
   /* Run-time settings and counters: relaxed __atomic accesses. */
   uint32_t access_threshold;
