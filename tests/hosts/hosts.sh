@@ -18,6 +18,7 @@
 #   hosts.sh mpirun NAME N ARG...   mpirun on host 0 of NAME, one rank per host
 #                               (-H 10.213.0.1,...), TCP between hosts
 #   hosts.sh cut NAME I         takes host I's link down (the host vanishes)
+#   hosts.sh join NAME I        brings it up again
 #   hosts.sh addr I             host I's address
 #
 # Only these hosts' own addresses are ever contacted: mpirun itself runs
@@ -64,6 +65,12 @@ up() {
     ip -n "$h" link set "$name-v${i}h" name eth0
     ip -n "$h" addr add "$(addr "$i")/24" dev eth0
     ip -n "$h" link set eth0 up
+    # A connection with data in flight to a vanished host gives up after ~3 s
+    # of retransmissions instead of ~15 min: what lets mpirun, which runs on
+    # host 0, end the job when a host's daemon cannot be reached
+    # (docs/distributed.md, "When a host is lost"). Per namespace: the
+    # machine's own setting is untouched.
+    ip netns exec "$h" sysctl -qw net.ipv4.tcp_retries2=3
     if [ -n "$rate" ]; then  # both directions of the link
       tc qdisc add dev "$name-v${i}b" root tbf rate "$rate" burst 4mb latency 50ms
       ip netns exec "$h" tc qdisc add dev eth0 root tbf rate "$rate" burst 4mb latency 50ms
@@ -120,6 +127,8 @@ case "$cmd" in
           run_mpirun "${@:2}" ;;
   cut) [ $# -eq 3 ] || { echo "usage: hosts.sh cut NAME I" >&2; exit 2; }
        ip link set "$2-v${3}b" down ;;
+  join) [ $# -eq 3 ] || { echo "usage: hosts.sh join NAME I" >&2; exit 2; }
+        ip link set "$2-v${3}b" up ;;
   addr) addr "$2" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2; exit 2 ;;
 esac

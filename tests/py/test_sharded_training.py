@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -358,4 +359,65 @@ def test_pipeline_modes_on_two_hosts_train_as_one_process(name, hosts, tmp_path)
         for r in ranks:
             union.update(r["stamps"])
         assert union == one["stamps"]
+
+
+@pytest.fixture
+def fresh_hosts():
+    """Three network hosts of this test's own (it harms one of them)."""
+    name = "dyf%d" % (os.getpid() % 100000)
+    p = subprocess.run(["timeout", "-k", "5", "60", str(HOSTS), "up", name, "3"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        subprocess.run([str(HOSTS), "down", name], capture_output=True)
+        why = "cannot make network hosts here: " + (p.stderr.strip() or "rc %d" % p.returncode)
+        if os.environ.get("DYNEMB_REQUIRE_HOSTS"):
+            pytest.fail(why)
+        pytest.skip(why)
+    try:
+        yield name
+    finally:
+        subprocess.run(["timeout", "-k", "5", "60", str(HOSTS), "down", name],
+                       capture_output=True)
+
+
+@pytest.mark.pinned_only
+def test_a_host_that_vanishes_ends_the_job_naming_it(fresh_hosts, tmp_path):
+    """Mid-training (3 hosts, large batches), host 2's link goes down, as a
+    host that loses its network: ranks 0 and 1 fail within the exchange
+    timeout and a little, naming rank 2 as the silent one (and rank 1 as
+    alive, on rank 0); rank 2 names both; and mpirun, whose daemon on host 2
+    cannot be reached, still ends the whole launch promptly."""
+    timeout_s = 4
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", RESULTS=str(tmp_path), FAULT="train",
+               DYNEMB_EXCHANGE_TIMEOUT=str(timeout_s))
+    p = subprocess.Popen(["timeout", "-k", "5", "240", str(HOSTS), "mpirun", fresh_hosts, "3",
+                          sys.executable, str(SCRIPT.parent / "fault.py")],
+                         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    try:
+        deadline = time.time() + 150  # (three TensorFlows start on 2 cores)
+        while len(list(tmp_path.glob("*.json"))) < 3 and time.time() < deadline:
+            time.sleep(0.2)  # (every rank has built its graph and trains)
+        assert len(list(tmp_path.glob("*.json"))) == 3, "the ranks did not start"
+        time.sleep(1.0)
+        cut = time.time()
+        subprocess.run([str(HOSTS), "cut", fresh_hosts, "2"], check=True)
+        out, _ = p.communicate(timeout=200)
+        ended = time.time()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    results = {int(f.stem): json.loads(f.read_text()) for f in tmp_path.glob("*.json")}
+    for r in (0, 1):
+        got = results[r]
+        assert got["did"] == "failed", (r, got)
+        assert got["at"] - cut < timeout_s + 5, (r, got["at"] - cut)
+        assert "rank 2 sent nothing" in got["error"], got["error"][-2000:]
+    assert "rank 1: alive" in results[0]["error"]
+    # (rank 2, cut off, hears from nobody: which ranks its failing op waited
+    # for depends on the op, the dense all-reduce or a table's exchange)
+    assert results[2]["did"] == "failed" and "sent nothing" in results[2]["error"]
+    assert p.returncode not in (0, 124, 137), out[-3000:]
+    assert ended - cut < timeout_s + 20, ("mpirun ended %.1f s after the cut" % (ended - cut),
+                                          out[-3000:])
 

@@ -12,7 +12,10 @@ trained for 6 steps, in which rank 1 misbehaves at step 2 as $FAULT says:
   kill   (under mpirun --enable-recovery, which keeps the others running)
          kills itself with SIGKILL $KILL_AFTER seconds into a training of
          large batches, wherever it is (in a transfer, most likely); the
-         others train until they fail.
+         others train until they fail;
+  freeze as kill, but stops itself (SIGSTOP) instead: a hung host;
+  train  every rank trains large batches for up to 60 s, and the test does
+         the harm from outside (a host's link cut, tests/hosts/hosts.sh).
 Every rank writes what happened to it into $RESULTS/<rank>.json, with its
 pid and the time.time() of the event."""
 import json
@@ -31,7 +34,8 @@ tf.compat.v1.disable_eager_execution()
 fault = os.environ["FAULT"]
 dynemb.init(use_dynamic=fault != "send_count")
 rank = hccl_ops.get_rank_id()
-dim = 64 if fault == "kill" else 4  # kill: parts above the eager size
+LONG = ("kill", "freeze", "train")  # faults in a long training of large batches
+dim = 64 if fault in LONG else 4  # (parts above the eager size)
 table = dynemb.create_table(tf.int64, dim, "t", tf.compat.v1.zeros_initializer())
 ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
 emb = tf.reshape(dynemb.sparse_lookup(table, ids, send_count=2), [-1, 2 * dim])
@@ -39,9 +43,10 @@ evaluated = dynemb.sparse_lookup(table, ids, is_train=False, name="read")
 w = tf.compat.v1.get_variable("w", initializer=tf.ones([2 * dim, 1]))
 loss = tf.reduce_sum(tf.matmul(emb, w))
 gw, gt = tf.gradients(loss, [w, table.anchor])
+lr = 1e-6 if fault in LONG else 0.1  # (a long training stays finite)
 train = tf.group(
-    dynemb.optimizers.gradient_descent.create_hash_optimizer(0.1).apply_gradients([(gt, table.anchor)]),
-    tf.compat.v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+    dynemb.optimizers.gradient_descent.create_hash_optimizer(lr).apply_gradients([(gt, table.anchor)]),
+    tf.compat.v1.train.GradientDescentOptimizer(lr).apply_gradients(
         [(hccl_ops.allreduce(gw, "sum"), w)]))
 
 
@@ -52,8 +57,8 @@ def report(**what):
 
 def die_later():
     time.sleep(float(os.environ["KILL_AFTER"]))
-    report(did="killed")
-    os.kill(os.getpid(), signal.SIGKILL)
+    report(did="killed" if fault == "kill" else "froze")
+    os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
 
 
 start = time.time()
@@ -61,14 +66,16 @@ with tf.compat.v1.Session() as sess:
     sess.run(tf.compat.v1.global_variables_initializer())
     step, mark = 0, None
     try:
-        if fault == "kill":
-            if rank == 1:
+        if fault in LONG:
+            if rank == 1 and fault != "train":
                 threading.Thread(target=die_later, daemon=True).start()
+            else:
+                report(did="started")  # (its pid, for the test's clean-up)
             rng = np.random.default_rng(rank)
             while time.time() - start < 60:
                 sess.run(train, {ids: rng.integers(0, 1 << 20, (4096, 2))})
                 step += 1
-        for step in range(6 if fault != "kill" else 0):
+        for step in range(6 if fault not in LONG else 0):
             batch = np.arange(8).reshape(4, 2) + step
             if step == 2:
                 mark = time.time()
@@ -96,6 +103,6 @@ with tf.compat.v1.Session() as sess:
         report(did="failed", error="%s: %s" % (type(e).__name__, e),
                seconds=time.time() - start, step=step,
                after_step_2=None if mark is None else time.time() - mark)
-        if fault == "kill":  # each survivor says why, none ends the others
+        if fault in LONG:  # each survivor says why, none ends the others
             os._exit(3)
         raise
