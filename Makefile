@@ -339,7 +339,8 @@ bench-tf: all install-py $(ENGINE_LEFT_OUT_LIB)
 .PHONY: bench-tf
 
 # Several ranks against one process: step time, bytes per rank and step, and
-# the link's bounds (bench/ranks.py; needs Open MPI).
+# the link's bounds (bench/ranks.py; needs Open MPI). LINK_RATE=1gbit: the
+# ranks on network hosts of this machine with links of that rate (root).
 EXCHANGE_BENCH := build/bench/exchange_bench
 $(EXCHANGE_BENCH): bench/exchange_bench.c $(COMM_DEPS)
 	@mkdir -p $(@D)
@@ -357,5 +358,6 @@ bench-incremental: all install-py
 .PHONY: bench-incremental
 
 bench-ranks: all install-py $(EXCHANGE_BENCH)
-	$(VPY) bench/ranks.py --ranks $(if $(filter-out 1,$(RANKS)),$(RANKS),2) --json
+	$(VPY) bench/ranks.py --ranks $(if $(filter-out 1,$(RANKS)),$(RANKS),2) \
+	  $(if $(LINK_RATE),--link-rate $(LINK_RATE)) --json
 .PHONY: bench-ranks
