@@ -234,7 +234,7 @@ static size_t select_keys(const int64_t *keys, size_t n, uint32_t shard_index,
   if (!a) return SIZE_MAX;
   size_t m = 0;
   for (size_t i = 0; i < n; i++) {
-    if (shard_count > 1 && dynemb_key_shard(keys[i], shard_count) != shard_index)
+    if (shard_count > 1 && dynemb_hash_owner(keys[i], shard_count) != shard_index)
       continue;
     a[m].k = sort_key(keys[i]);
     a[m].v = i;

@@ -298,18 +298,6 @@ int dynemb_table_set_eviction_threshold(dynemb_table *t, int64_t threshold) {
   return DYNEMB_OK;
 }
 
-/* The key hash mixed once more, so a key's shard is independent of the
- * hash bits that choose its lock shard (the top ones) and its index bucket
- * (the low 32): the keys of one rank of a sharded table, which all share a
- * shard, spread over every lock shard and bucket of that rank's table. */
-#define KEY_SHARD_SALT 0xd6e8feb86659fd93ULL
-
-uint32_t dynemb_key_shard(int64_t key, uint32_t shard_count) {
-  if (shard_count <= 1) return 0;
-  uint64_t g = dynemb_hash64(dynemb_hash_key(key) ^ KEY_SHARD_SALT);
-  return (uint32_t)(((g >> 32) * shard_count) >> 32);
-}
-
 void dynemb_widen_keys(const int32_t *in, size_t n, int64_t *out) {
   for (size_t i = 0; i < n; i++) out[i] = (int64_t)in[i];
 }
