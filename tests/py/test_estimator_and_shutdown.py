@@ -94,7 +94,7 @@ def test_exit_with_unclosed_session_lets_a_generator_pipeline_finish():
         def gen():
             for i in range(1000):
                 if i == 14:
-                    time.sleep(1)
+                    time.sleep(2)
                     print("element", i, "made", file=sys.stderr, flush=True)
                 yield np.arange(i, i + 8, dtype=np.int64)
         ds = tf.data.Dataset.from_generator(
