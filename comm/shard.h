@@ -17,9 +17,15 @@
  * (dynemb_shard_failed) or inside it, still takes part with a failed
  * status, so its peers fail at once naming it instead of waiting for the
  * exchange's deadline, and the channel's sequence stays the same on every
- * rank. Which channels run in which order is the caller's: only it knows
- * the graph (the Python package puts a graph's exchange ops into chains,
- * docs/distributed.md "Why the exchanges cannot deadlock").
+ * rank. That is the room's half of why the exchanges cannot deadlock
+ * (docs/distributed.md). The other half, which channels run in which order,
+ * is the caller's, because only it knows the graph: every rank must call
+ * the ops of one channel in the same order, one call at a time per
+ * channel, and a thread that waits in one op must not be what another
+ * rank's op waits for (the Python package puts a graph's exchange ops into
+ * chains, each op depending on the one before it, python/dynemb/core/
+ * exchange.py; a C caller that runs ops in one order on one thread per
+ * chain gets the same).
  *
  * Every function returns DYNEMB_SHARD_OK (0) or the code of *err, which
  * also gets a sentence naming the op, the table and the rank at fault. The
