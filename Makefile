@@ -5,7 +5,8 @@
 #   make install    header, libraries, CLI and pkg-config file under
 #                   $(DESTDIR)$(PREFIX) (PREFIX=/usr/local); `make uninstall`
 #   make comm       build/libdynemb_comm.so: the exchange between worker
-#                   processes (needs mpicc; Debian: openmpi-bin libopenmpi-dev)
+#                   processes (needs mpicc; Debian: openmpi-bin libopenmpi-dev),
+#                   and build/libdynemb_shard.a: the shard room on it
 #   make check      the C tests: unit tests (ASan+UBSan), TSan stress, plain
 #                   tests, checkpoint fuzzing (where clang is), the exchange
 #                   between processes under mpirun (where mpicc is), the install test;
@@ -159,10 +160,10 @@ build/libdynemb.a $(FLAVOURS:%=build/%/libdynemb.a):
 build/asan/test_%: tests/c/test_%.c $(UNLESS_DEPS) build/asan/libdynemb.a
 	$(CC) $(BASEFLAGS) $(ASAN_FLAGS) -Itests/c $< build/asan/libdynemb.a -o $@ $(LDLIBS)
 
-# The route of the op library of several ranks (tf/route.c) is plain C: its
-# test runs under the sanitizers with the engine's.
-build/asan/test_route: tests/c/test_route.c tf/route.c tf/route.h $(UNLESS_DEPS) build/asan/libdynemb.a
-	$(CC) $(BASEFLAGS) $(ASAN_FLAGS) -Itests/c -Itf $< tf/route.c build/asan/libdynemb.a -o $@ $(LDLIBS)
+# The route of the shard room (comm/route.c) is plain C: its test runs
+# under the sanitizers with the engine's.
+build/asan/test_route: tests/c/test_route.c comm/route.c comm/route.h $(UNLESS_DEPS) build/asan/libdynemb.a
+	$(CC) $(BASEFLAGS) $(ASAN_FLAGS) -Itests/c -Icomm $< comm/route.c build/asan/libdynemb.a -o $@ $(LDLIBS)
 
 build/tsan/tsan_%: tests/c/tsan_%.c $(UNLESS_DEPS) build/tsan/libdynemb.a
 	$(CC) $(BASEFLAGS) $(TSAN_FLAGS) -Itests/c $< build/tsan/libdynemb.a -o $@ $(LDLIBS)
@@ -187,10 +188,34 @@ COMM_DEPS := $(COMM_SRC) comm/dynemb_comm.h comm/comm_internal.h
 $(COMM_LIB): $(COMM_DEPS)
 	@mkdir -p $(@D)
 	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm -shared $(COMM_SRC) -o $@ -pthread -Wl,--no-undefined -Wl,-soname,libdynemb_comm.so
-comm: $(COMM_LIB)
-build/mpi/mpi_%: tests/mpi/mpi_%.c $(COMM_DEPS) tests/c/check.h
+# The shard room (comm/shard.h): what several ranks do together, on the
+# exchange and the engine's public API. A static archive (PIC, hidden
+# symbols) that the op library of several ranks links in: its engine calls
+# must bind to the engine copy whose registry holds the tables, the one in
+# _dynemb_ops.so, which only that op library links against; a shared
+# library of its own would need an engine of its own. No MPI header: it
+# compiles with the plain compiler.
+SHARD_LIB  := build/libdynemb_shard.a
+SHARD_SRC  := comm/route.c comm/shard_part.c comm/shard_lookup.c \
+              comm/shard_apply.c comm/shard_allreduce.c
+SHARD_DEPS := $(SHARD_SRC) comm/route.h comm/shard.h comm/shard_int.h \
+              comm/dynemb_comm.h include/dynemb.h
+SHARD_OBJ  := $(SHARD_SRC:comm/%.c=build/shard/%.o)
+build/shard/%.o: comm/%.c $(SHARD_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(CFLAGS) -Icomm -c $< -o $@
+$(SHARD_LIB): $(SHARD_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+comm: $(COMM_LIB) $(SHARD_LIB)
+build/mpi/mpi_%: tests/mpi/mpi_%.c $(COMM_DEPS) tests/c/check.h tests/mpi/mpi_check.h
 	@mkdir -p $(@D)
 	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(ASAN_FLAGS) -Icomm -Itests/c $< $(COMM_SRC) -o $@ -pthread
+# The shard room's tests: the room, the exchange and the engine, all
+# under ASan+UBSan.
+build/mpi/mpi_shard: tests/mpi/mpi_shard.c $(COMM_DEPS) $(SHARD_DEPS) tests/c/check.h tests/mpi/mpi_check.h build/asan/libdynemb.a
+	@mkdir -p $(@D)
+	$(MPICC) $(filter-out -MMD -MP,$(PUBFLAGS)) $(ASAN_FLAGS) -Icomm -Itests/c $< $(SHARD_SRC) $(COMM_SRC) build/asan/libdynemb.a -o $@ $(LDLIBS)
 
 C_TESTS     := $(TEST_SRC:tests/c/%.c=build/asan/%)
 TSAN_TESTS  := $(TSAN_SRC:tests/c/%.c=build/tsan/%)
@@ -243,7 +268,7 @@ $(COMPAT_VENV)/.stamp: $(COMPAT_LOCK)
 
 compat-venv: $(COMPAT_VENV)/.stamp
 
-ops: venv build/libdynemb.a $(if $(HAVE_MPICC),$(COMM_LIB))
+ops: venv build/libdynemb.a $(if $(HAVE_MPICC),$(COMM_LIB) $(SHARD_LIB))
 	$(MAKE) --no-print-directory -f tf/ops.mk PYTHON=$(VPY) ops $(if $(HAVE_MPICC),sharded-ops)
 
 install-py: venv
@@ -283,8 +308,8 @@ probe-limit: build/probe_limit
 	./build/probe_limit 2
 
 # The engine's part of a training step of bench/tf_train.py, per phase (C only).
-build/step_costs: bench/step_costs.c tf/route.c tf/route.h build/libdynemb.a
-	$(CC) $(BASEFLAGS) $(CFLAGS) -Itf $< tf/route.c build/libdynemb.a -o $@ $(LDLIBS)
+build/step_costs: bench/step_costs.c comm/route.c comm/route.h build/libdynemb.a
+	$(CC) $(BASEFLAGS) $(CFLAGS) -Icomm $< comm/route.c build/libdynemb.a -o $@ $(LDLIBS)
 
 bench-step: build/step_costs install-py
 	$(VPY) bench/tf_op_costs.py --dump-ids build/step_ids.bin

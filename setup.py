@@ -31,10 +31,10 @@ def build_native() -> None:
     make = os.environ.get("MAKE", "make")
     subprocess.check_call([make, "-C", ROOT, "build/libdynemb.a"])
     subprocess.check_call([make, "-C", ROOT, "-f", "tf/ops.mk", "PYTHON=" + sys.executable])
-    # The exchange between worker processes, where Open MPI's compiler is
+    # The exchange between worker processes and the shard room on it, where Open MPI's compiler is
     # (one worker needs neither it nor MPI).
     if shutil.which(os.environ.get("MPICC", "mpicc")):
-        subprocess.check_call([make, "-C", ROOT, COMM_LIB])
+        subprocess.check_call([make, "-C", ROOT, "comm"])
         subprocess.check_call([make, "-C", ROOT, "-f", "tf/ops.mk", "PYTHON=" + sys.executable,
                                "sharded-ops"])
 

@@ -17,7 +17,7 @@
  * in training (0 turns it off). One JSON line on stdout. It also times,
  * apart from the three, the route of every batch's ids to 2 owners
  * (`route_2_owners`: deduplication and grouping by owner, what a lookup and
- * an apply on several ranks do before their exchanges: tf/route.c).
+ * an apply on several ranks do before their exchanges: comm/route.c).
  * Exists to iterate on the engine's step path quickly; the TF-level
  * figures are bench/tf_op_costs.py's. */
 #include <stdio.h>
@@ -74,9 +74,9 @@ static void phase(int k, int b) {
                                    &(dynemb_apply_opts){.tickets = h}, NULL))
       die("apply");
     if (k == ROUTE) {
-      dynemb_route rt;
-      if (dynemb_route_build(&rt, keys, (size_t)n[i], 2)) die("route");
-      dynemb_route_free(&rt);
+      dynemb_shard_route rt;
+      if (dynemb_shard_route_build(&rt, keys, (size_t)n[i], 2)) die("route");
+      dynemb_shard_route_free(&rt);
     }
   }
 }

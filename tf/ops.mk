@@ -46,15 +46,17 @@ $(OUT): tf/dynemb_ops.c tf/kernel_util.h $(EXTRA_SRC) tf/ops.mk include/dynemb.h
 	  -lz -lm -l:libtensorflow_framework.so.2 -pthread
 	@echo "$(TF_VER)" > $@.tf-version
 
-# The op library of several ranks (tf/sharded_ops.c): the engine's ops from
-# $(OUT) and the exchange from libdynemb_comm.so (COMM, built by the top-level
-# Makefile with mpicc), found next to it when installed ($$ORIGIN) and in
-# build/ of a source checkout ($$ORIGIN/..).
+# The op library of several ranks (tf/sharded_ops.c): the shard room
+# (SHARD, linked in) on the engine's ops from $(OUT) and the exchange from
+# libdynemb_comm.so (COMM; both built by the top-level Makefile's `comm`),
+# found next to it when installed ($$ORIGIN) and in build/ of a source
+# checkout ($$ORIGIN/..).
 SHARDED_OUT ?= $(dir $(OUT))_dynemb_sharded_ops.so
 COMM        ?= build/libdynemb_comm.so
-$(SHARDED_OUT): tf/sharded_ops.c tf/route.c tf/route.h tf/kernel_util.h comm/dynemb_comm.h tf/ops.mk $(OUT) $(COMM)
+SHARD       ?= build/libdynemb_shard.a
+$(SHARDED_OUT): tf/sharded_ops.c tf/kernel_util.h comm/dynemb_comm.h comm/shard.h tf/ops.mk $(OUT) $(COMM) $(SHARD)
 	@if [ -z "$(TF_INC)" ]; then echo "tf/ops.mk: TensorFlow is not importable with $(PYTHON)" >&2; exit 1; fi
-	$(CC) $(OPS_CFLAGS) -Icomm tf/sharded_ops.c tf/route.c -o $@ -shared -L$(TF_LIB) -Wl,--no-undefined \
+	$(CC) $(OPS_CFLAGS) -Icomm tf/sharded_ops.c $(SHARD) -o $@ -shared -L$(TF_LIB) -Wl,--no-undefined \
 	  -L$(dir $(OUT)) -l:_dynemb_ops.so -L$(dir $(COMM)) -l:$(notdir $(COMM)) \
 	  -l:libtensorflow_framework.so.2 -pthread -Wl,-rpath,'$$ORIGIN:$$ORIGIN/..'
 

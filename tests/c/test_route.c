@@ -1,6 +1,6 @@
 /*
- * test_route.c -- the route of a batch's keys to their owners (tf/route.c,
- * the op library of several ranks), against a reference written here with
+ * test_route.c -- the route of a batch's keys to their owners (comm/route.c,
+ * the shard room), against a reference written here with
  * quadratic loops: every unique key once, grouped by owner
  * (dynemb_key_shard), each group in first-seen order, occurrence counts,
  * and for every occurrence its unique key and occurrence number. Batches:
@@ -21,8 +21,8 @@ static uint64_t next_rand(void) {
 }
 
 static void check_route(const int64_t *keys, size_t n, int ranks) {
-  dynemb_route r;
-  CHECK(dynemb_route_build(&r, keys, n, ranks) == 0);
+  dynemb_shard_route r;
+  CHECK(dynemb_shard_route_build(&r, keys, n, ranks) == 0);
   if (!r.first && n) return;
   CHECK(r.n == n && r.ranks == ranks && r.first[0] == 0 &&
         r.first[ranks] == r.n_unique);
@@ -57,7 +57,7 @@ static void check_route(const int64_t *keys, size_t n, int ranks) {
     CHECK(r.occ[i] == before);
   }
   free(distinct);
-  dynemb_route_free(&r);
+  dynemb_shard_route_free(&r);
 }
 
 static void test_route_matches_reference(void) {
@@ -82,13 +82,13 @@ static void test_route_spreads_keys(void) {
   size_t n = 30000;
   int64_t *keys = malloc(n * sizeof *keys);
   for (size_t i = 0; i < n; i++) keys[i] = (int64_t)i;
-  dynemb_route r;
-  CHECK(dynemb_route_build(&r, keys, n, 3) == 0);
+  dynemb_shard_route r;
+  CHECK(dynemb_shard_route_build(&r, keys, n, 3) == 0);
   for (int o = 0; o < 3; o++) {
     size_t got = r.first[o + 1] - r.first[o];
     CHECK(got > 9000 && got < 11000);
   }
-  dynemb_route_free(&r);
+  dynemb_shard_route_free(&r);
   free(keys);
 }
 

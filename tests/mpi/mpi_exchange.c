@@ -23,11 +23,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "check.h"
+#include "mpi_check.h"
 #include "dynemb_comm.h"
 
 static dynemb_comm *C;
-static int RANK, SIZE;
 
 static unsigned char pattern(int src, int dst, uint32_t ch, uint64_t seq,
                              size_t i) {
@@ -324,20 +323,6 @@ static void test_bad_timeout_refused(void) {
   CHECK(strstr(err, "timeout") != NULL);
 }
 
-#define MPI_RUN(test)                                                      \
-  do {                                                                     \
-    if (!check_selected(#test)) break;                                     \
-    check_failed_in_test = 0;                                              \
-    test();                                                                \
-    int all_ = 0;                                                          \
-    MPI_Allreduce(&check_failed_in_test, &all_, 1, MPI_INT, MPI_SUM,       \
-                  MPI_COMM_WORLD);                                         \
-    if (all_) check_failed_total++; else check_passed_total++;             \
-    if (RANK == 0) printf("%s %s (%d ranks)\n", all_ ? "FAIL" : "PASS",   \
-                          #test, SIZE);                                    \
-    fflush(stdout);                                                        \
-  } while (0)
-
 int main(void) {
   char err[512];
   if (dynemb_comm_open(&C, 20.0, err, sizeof err)) {
@@ -353,8 +338,7 @@ int main(void) {
   MPI_RUN(test_different_exchanges_fail_fast);
   MPI_RUN(test_absent_rank_is_a_bounded_error);
   MPI_RUN(test_bad_timeout_refused);
-  int failed = check_failed_total;
-  if (RANK == 0) printf("%d passed, %d failed\n", check_passed_total, failed);
+  int rc = mpi_check_summary();
   dynemb_comm_close(C);
-  return failed ? 1 : 0;
+  return rc;
 }

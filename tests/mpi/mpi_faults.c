@@ -24,10 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "check.h"
+#include "mpi_check.h"
 #include "dynemb_comm.h"
 
-static int RANK, SIZE;
 
 enum { BIG = 32 << 20 };
 #define TIMEOUT_S 3.0
@@ -137,28 +136,10 @@ static void test_frozen_sender_fails_the_others_naming_it(void) {
   free(pids);
 }
 
-#define MPI_RUN(test)                                                      \
-  do {                                                                     \
-    if (!check_selected(#test)) break;                                     \
-    check_failed_in_test = 0;                                              \
-    test();                                                                \
-    int all_ = 0;                                                          \
-    MPI_Allreduce(&check_failed_in_test, &all_, 1, MPI_INT, MPI_SUM,       \
-                  MPI_COMM_WORLD);                                         \
-    if (all_) check_failed_total++; else check_passed_total++;             \
-    if (RANK == 0) printf("%s %s (%d ranks)\n", all_ ? "FAIL" : "PASS",   \
-                          #test, SIZE);                                    \
-    fflush(stdout);                                                        \
-  } while (0)
-
 int main(void) {
-  int provided = 0;
-  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &RANK);
-  MPI_Comm_size(MPI_COMM_WORLD, &SIZE);
+  mpi_check_init();
   MPI_RUN(test_frozen_sender_fails_the_others_naming_it);
-  int failed = check_failed_total;
-  if (RANK == 0) printf("%d passed, %d failed\n", check_passed_total, failed);
+  int rc = mpi_check_summary();
   MPI_Finalize();
-  return failed ? 1 : 0;
+  return rc;
 }

@@ -9,16 +9,16 @@
  * owner says how many of a key's occurrences came before its admission and
  * read the default value).
  *
- * Plain C without TensorFlow, in the op library of several ranks
- * (tf/sharded_ops.c).
+ * Part of the shard room (shard.h): the lookup and the apply route their
+ * batches with it. Plain C on the engine's public header only.
  */
-#ifndef DYNEMB_ROUTE_H
-#define DYNEMB_ROUTE_H
+#ifndef DYNEMB_SHARD_ROUTE_H
+#define DYNEMB_SHARD_ROUTE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct dynemb_route {
+typedef struct dynemb_shard_route {
   int ranks;
   size_t n, n_unique;
   int64_t *ukey;    /* [n_unique]: owner r's at [first[r], first[r + 1]) */
@@ -27,13 +27,12 @@ typedef struct dynemb_route {
   size_t *first;    /* [ranks + 1] */
   size_t *uniq_of;  /* [n]: occurrence i's unique key */
   uint32_t *occ;    /* [n]: 0 for a key's first occurrence, 1 for the next... */
-} dynemb_route;
+} dynemb_shard_route;
 
 /* Builds the route of keys[n] over `ranks` owners. 0, or -1 when out of
  * memory (`r` is then empty). */
-__attribute__((visibility("hidden"))) int
-dynemb_route_build(dynemb_route *r, const int64_t *keys, size_t n, int ranks);
+int dynemb_shard_route_build(dynemb_shard_route *r, const int64_t *keys, size_t n, int ranks);
 
-__attribute__((visibility("hidden"))) void dynemb_route_free(dynemb_route *r);
+void dynemb_shard_route_free(dynemb_shard_route *r);
 
 #endif

@@ -21,7 +21,7 @@ static uint64_t mix(uint64_t x) {
   return x;
 }
 
-void dynemb_route_free(dynemb_route *r) {
+void dynemb_shard_route_free(dynemb_shard_route *r) {
   free(r->ukey);
   free(r->ucount);
   free(r->uowner);
@@ -31,7 +31,7 @@ void dynemb_route_free(dynemb_route *r) {
   memset(r, 0, sizeof *r);
 }
 
-int dynemb_route_build(dynemb_route *r, const int64_t *keys, size_t n,
+int dynemb_shard_route_build(dynemb_shard_route *r, const int64_t *keys, size_t n,
                        int ranks) {
   memset(r, 0, sizeof *r);
   if (n >= UINT32_MAX / 2) return -1; /* (32-bit numbers and counts) */
@@ -101,7 +101,7 @@ int dynemb_route_build(dynemb_route *r, const int64_t *keys, size_t n,
   free(fill);
   free(place);
   if (!ok) {
-    dynemb_route_free(r);
+    dynemb_shard_route_free(r);
     return -1;
   }
   return 0;
