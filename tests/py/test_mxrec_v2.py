@@ -300,3 +300,130 @@ def test_saver_evicts_cold_rows_first(toml, tmp_path, monkeypatch):
         tsaver.clock = lambda: 1061  # 1 and 3 idle 61 s: removed, then saved
         tsaver.save(sess, str(tmp_path), 2)
         assert sorted(snapshot("cold")[0]) == [2]
+
+
+# --------------------------------------------------------------------------
+# A quick-start-shaped script, and the same training on the first generation
+# --------------------------------------------------------------------------
+
+N_TRAIN, N_EVAL, BATCH = 400, 64, 32
+
+
+def _data(seed):
+    rng = np.random.default_rng(seed)
+    n = N_TRAIN if seed == 0 else N_EVAL
+    user = rng.integers(0, 50, size=(n, 3))
+    item = rng.integers(0, 30, size=(n, 2))
+    label = ((user.sum(1) + item.sum(1)) % 3 == 0).astype(np.float32)[:, None]
+    return {"user": user, "item": item, "label": label}
+
+
+def _batches(seed):
+    ds = tf.data.Dataset.from_tensor_slices(_data(seed)).batch(BATCH, drop_remainder=True)
+    it = tf.compat.v1.data.make_initializable_iterator(ds)
+    return it.get_next(), it
+
+
+def _forward(batch, lookup, tables):
+    """The model: summed rows of each feature, one dense layer, a logit."""
+    pooled = [tf.reduce_sum(lookup(t, batch[f]), axis=1) for t, f in zip(tables, ("user",
+                                                                                    "item"))]
+    with tf.compat.v1.variable_scope("dense", reuse=tf.compat.v1.AUTO_REUSE):
+        w = tf.compat.v1.get_variable("w", [6, 1], initializer=tf.compat.v1.
+                                      glorot_uniform_initializer(seed=11))
+        b = tf.compat.v1.get_variable("b", [1], initializer=tf.zeros_initializer())
+    logit = tf.matmul(tf.concat(pooled, 1), w) + b
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=batch["label"], logits=logit))
+    return loss, tf.sigmoid(logit)
+
+
+INIT = dict(stddev=0.1, seed=5)
+
+
+def _train_ops(loss, sparse, make_opt):
+    dense = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    ops = [tf.compat.v1.train.AdamOptimizer(0.01).minimize(loss, var_list=dense)]
+    for i, var in enumerate(sparse):  # one optimizer per table, as mxRec's demo
+        ops.append(make_opt("AdamW_%d" % i).apply_gradients(
+            zip(tf.gradients(loss, [var]), [var])))
+    return ops
+
+
+def _v2_tables():
+    return [mxrec.get_embedding_table(n, d, 1000,
+                                      tf.compat.v1.truncated_normal_initializer(**INIT))
+            for n, d in (("user_table", 4), ("item_table", 2))]
+
+
+def _quick_start_v2(toml, saved):
+    """Train with evaluation every 5 steps, save with both savers; then a
+    fresh graph loads and predicts."""
+    mxrec.init(toml)
+    batch, it = _batches(0)
+    loss, _ = _forward(batch, mxrec.embedding_lookup, _v2_tables())
+    ebatch, eit = _batches(1)
+    eloss, _ = _forward(ebatch, mxrec.embedding_lookup, _v2_tables())  # (same tables)
+    ops = _train_ops(loss, mxrec.get_sparse_embedding(),
+                     lambda n: mxrec.AdamWOptimizer(0.02, 0.05, name=n))
+    with tf.compat.v1.Session() as sess:
+        sess.run(mxrec.get_init_hashtable_op())
+        sess.run([it.initializer, tf.compat.v1.global_variables_initializer()])
+        saver = tf.compat.v1.train.Saver()
+        tsaver = mxrec.EmbeddingTableSaver(mxrec.get_existing_tables())
+        for step in range(1, N_TRAIN // BATCH + 1):
+            sess.run(ops)
+            if step % 5 == 0:
+                sess.run(eit.initializer)
+                sess.run(eloss)
+        saver.save(sess, saved + "/model", global_step=step)
+        tsaver.save(sess, saved, step)
+    dynemb.clear_tables()  # (the loading graph finds nothing in the engine)
+    with tf.Graph().as_default():
+        mxrec.init(toml)
+        ebatch, eit = _batches(1)
+        _, pred = _forward(ebatch, lambda t, i: mxrec.embedding_lookup(t, i, is_train=False),
+                           _v2_tables())
+        with tf.compat.v1.Session() as sess:
+            sess.run(mxrec.get_init_hashtable_op())
+            tf.compat.v1.train.Saver().restore(sess, "%s/model-%d" % (saved, step))
+            mxrec.EmbeddingTableSaver(mxrec.get_existing_tables()).load(sess, saved, step)
+            sess.run(eit.initializer)
+            return sess.run(pred)
+
+
+def _first_generation():
+    """The same training with create_table / sparse_lookup, predicting in
+    the training session."""
+    dynemb.init(use_dynamic_expansion=False)
+    tables = [dynemb.create_table(tf.int64, d, n,
+                                  tf.compat.v1.truncated_normal_initializer(**INIT),
+                                  device_vocabulary_size=1000)
+              for n, d in (("user_table", 4), ("item_table", 2))]
+    batch, it = _batches(0)
+    loss, _ = _forward(batch, dynemb.sparse_lookup, tables)
+    ebatch, eit = _batches(1)
+    eloss, _ = _forward(ebatch, dynemb.sparse_lookup, tables)
+    epred = _forward(ebatch, lambda t, i: dynemb.sparse_lookup(t, i, is_train=False),
+                     tables)[1]
+    ops = _train_ops(loss, [t.anchor for t in tables],
+                     lambda n: FirstGenAdamW(0.02, 0.05, name=n))
+    with tf.compat.v1.Session() as sess:
+        sess.run([it.initializer, tf.compat.v1.global_variables_initializer()])
+        for step in range(1, N_TRAIN // BATCH + 1):
+            sess.run(ops)
+            if step % 5 == 0:
+                sess.run(eit.initializer)
+                sess.run(eloss)
+        sess.run(eit.initializer)
+        return sess.run(epred)
+
+
+def test_quick_start_script_equals_first_generation(toml, tmp_path):
+    got = _quick_start_v2(toml, str(tmp_path))
+    tf.compat.v1.reset_default_graph()
+    dynemb.clear_tables()
+    want = _first_generation()
+    assert got.shape == (BATCH, 1)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert np.ptp(got) > 1e-3  # (a model that learned something per example)
