@@ -106,24 +106,31 @@ typedef struct dynemb_initializer {
 } dynemb_initializer;
 
 /* Sparse optimizers. Slots per row (in units of `dim` floats):
- * SGD 0, ADAGRAD 1 (accumulator), ADAM 2 (m, v), FTRL 2 (accum, linear). */
+ * SGD 0, ADAGRAD 1 (accumulator), ADAM 2 (m, v), FTRL 2 (accum, linear),
+ * ADAMW 2 (m, v). New kinds go at the end: the numbers are in checkpoints. */
 enum dynemb_optimizer_kind {
   DYNEMB_OPT_SGD = 0,
   DYNEMB_OPT_ADAGRAD = 1,
   DYNEMB_OPT_ADAM = 2, /* lazy Adam: only rows present in the batch move */
-  DYNEMB_OPT_FTRL = 3
+  DYNEMB_OPT_FTRL = 3,
+  /* lazy AdamW: lazy Adam plus decoupled weight decay (Loshchilov &
+   * Hutter), var -= learning_rate * weight_decay * var before the Adam
+   * step; like the Adam step, the decay touches only rows in the batch. */
+  DYNEMB_OPT_ADAMW = 4
 };
 
-/* The optimizer's name ("sgd", "adagrad", "adam", "ftrl"), or "unknown". */
+/* The optimizer's name ("sgd", "adagrad", "adam", "ftrl", "adamw"), or
+ * "unknown". */
 DYNEMB_API const char *dynemb_optimizer_name(int kind);
 
 typedef struct dynemb_optimizer {
   int kind;                        /* enum dynemb_optimizer_kind */
   float learning_rate;             /* used when apply gets lr < 0 */
   float initial_accumulator_value; /* ADAGRAD (TF default 0.1), FTRL (0.1) */
-  float beta1, beta2, epsilon;     /* ADAM (TF: 0.9, 0.999, 1e-8) */
+  float beta1, beta2, epsilon;     /* ADAM, ADAMW (TF: 0.9, 0.999, 1e-8) */
   float learning_rate_power;       /* FTRL, <= 0 (TF default -0.5) */
   float l1, l2, l2_shrinkage;      /* FTRL regularization, >= 0 */
+  float weight_decay;              /* ADAMW, >= 0 (per unit learning rate) */
 } dynemb_optimizer;
 
 /* What apply does with a NaN/Inf gradient. */

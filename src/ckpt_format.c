@@ -370,7 +370,8 @@ int dynemb_ckpt_table_read_header(dynemb_ckpt_src *src, const char *what,
   uint32_t flags = dynemb_le_get32(buf + 28);
   uint32_t sections = dynemb_le_get32(buf + 56);
   uint32_t name_len = dynemb_le_get32(buf + 60);
-  int slots = kind <= 3 ? dynemb_optim_slot_count((int)kind) : -1;
+  /* (kind is untrusted: the range check keeps the int cast defined) */
+  int slots = kind <= 255 ? dynemb_optim_slot_count((int)kind) : -1;
   const char *problem = NULL;
   if (name_len == 0 || header_bytes != DYNEMB_CKPT_HEADER_FIXED + name_len + 4)
     problem = "name length disagrees with header length";

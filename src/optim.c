@@ -7,9 +7,16 @@
  * tf.compat.v1's GradientDescent / Adagrad / Adam / Ftrl optimizers (Adam is
  * "lazy": rows absent from a batch keep their moments, as in TF-Addons'
  * LazyAdam; on batches where every row appears it equals dense Adam).
+ * AdamW is that lazy Adam with decoupled weight decay (Loshchilov & Hutter,
+ * "Decoupled Weight Decay Regularization"): the row shrinks by
+ * lr * weight_decay times its value before the step, in the convention of
+ * Keras' and PyTorch's AdamW (weight_decay is per unit learning rate, so a
+ * learning-rate schedule scales the decay too, the paper's eta_t). Lazy as
+ * well: a row absent from a batch is neither stepped nor decayed, because
+ * decaying every row on every step would touch the whole table.
  *
  * Slot layout after the `dim` embedding floats:
- *   ADAGRAD: accum[dim]          ADAM: m[dim], v[dim]
+ *   ADAGRAD: accum[dim]          ADAM, ADAMW: m[dim], v[dim]
  *   FTRL:    accum[dim], linear[dim]
  */
 #include "optim.h"
@@ -24,6 +31,7 @@ int dynemb_optim_slot_count(int kind) {
   case DYNEMB_OPT_ADAGRAD: return 1;
   case DYNEMB_OPT_ADAM: return 2;
   case DYNEMB_OPT_FTRL: return 2;
+  case DYNEMB_OPT_ADAMW: return 2;
   default: return -1;
   }
 }
@@ -34,6 +42,7 @@ const char *dynemb_optimizer_name(int kind) {
   case DYNEMB_OPT_ADAGRAD: return "adagrad";
   case DYNEMB_OPT_ADAM: return "adam";
   case DYNEMB_OPT_FTRL: return "ftrl";
+  case DYNEMB_OPT_ADAMW: return "adamw";
   default: return "unknown";
   }
 }
@@ -50,7 +59,7 @@ int dynemb_optim_validate(const dynemb_optimizer *o, const char *table) {
   if (dynemb_optim_slot_count(o->kind) < 0)
     return dynemb_error_set(DYNEMB_EINVAL,
                             "table '%s': unknown optimizer kind %d; use "
-                            "DYNEMB_OPT_SGD, _ADAGRAD, _ADAM or _FTRL",
+                            "DYNEMB_OPT_SGD, _ADAGRAD, _ADAM, _FTRL or _ADAMW",
                             table, o->kind);
   if (!(o->learning_rate >= 0.0f) || isinf(o->learning_rate))
     return bad(table, "learning_rate", o->learning_rate, "finite and >= 0");
@@ -62,6 +71,11 @@ int dynemb_optim_validate(const dynemb_optimizer *o, const char *table) {
                  o->initial_accumulator_value,
                  "finite and > 0 (TensorFlow's Adagrad requires it)");
     break;
+  case DYNEMB_OPT_ADAMW:
+    if (!(o->weight_decay >= 0.0f) || isinf(o->weight_decay))
+      return bad(table, "weight_decay", o->weight_decay, "finite and >= 0");
+    /* AdamW's Adam part has Adam's rules: */
+    /* fall through */
   case DYNEMB_OPT_ADAM:
     if (!(o->beta1 >= 0.0f && o->beta1 < 1.0f))
       return bad(table, "beta1", o->beta1, "in [0, 1)");
@@ -101,6 +115,7 @@ void dynemb_optim_init_slots(const dynemb_optimizer *o, float *slots,
     for (int i = 0; i < dim; i++) slots[i] = o->initial_accumulator_value;
     break;
   case DYNEMB_OPT_ADAM:
+  case DYNEMB_OPT_ADAMW:
     for (int i = 0; i < 2 * dim; i++) slots[i] = 0.0f;
     break;
   case DYNEMB_OPT_FTRL:
@@ -136,20 +151,36 @@ ROW_LOOP void apply_adagrad(float *restrict var, float *restrict accum,
   }
 }
 
-/* Adam with bias correction folded into the step size, as TF's ApplyAdam
- * (alpha is prepared once per step, see dynemb_optim_prepare). */
+/* Adam's moments of element i and its step, with the bias correction
+ * folded into the step size as TF's ApplyAdam does (alpha is prepared once
+ * per step, see dynemb_optim_prepare). Shared by Adam and AdamW; inlined,
+ * so the callers' loops still vectorize. */
+ROW_LOOP float adam_step(const dynemb_optim_step *s, float *restrict m,
+                         float *restrict v, float gi, int i) {
+  float mi = m[i] + (gi - m[i]) * s->one_minus_b1;
+  float vi = v[i] + (gi * gi - v[i]) * s->one_minus_b2;
+  m[i] = mi;
+  v[i] = vi;
+  return (mi * s->alpha) / (sqrtf(vi) + s->epsilon);
+}
+
 ROW_LOOP void apply_adam(const dynemb_optim_step *s, float *restrict var,
                          float *restrict m, float *restrict v,
                          const float *restrict g, int dim) {
-  const float alpha = s->alpha, omb1 = s->one_minus_b1,
-              omb2 = s->one_minus_b2, eps = s->epsilon;
+  for (int i = 0; i < dim; i++) var[i] -= adam_step(s, m, v, g[i], i);
+}
+
+/* AdamW: the decay uses the row's value before this step (the paper's
+ * theta_{t-1}), then the same Adam step. Written as two subtractions in
+ * this order, as Keras' AdamW does them, so a reference that decays first
+ * and then steps gets the same floats. */
+ROW_LOOP void apply_adamw(const dynemb_optim_step *s, float *restrict var,
+                          float *restrict m, float *restrict v,
+                          const float *restrict g, int dim) {
+  const float decay = s->decay;
   for (int i = 0; i < dim; i++) {
-    float gi = g[i];
-    float mi = m[i] + (gi - m[i]) * omb1;
-    float vi = v[i] + (gi * gi - v[i]) * omb2;
-    m[i] = mi;
-    v[i] = vi;
-    var[i] -= (mi * alpha) / (sqrtf(vi) + eps);
+    float w = var[i] - var[i] * decay;
+    var[i] = w - adam_step(s, m, v, g[i], i);
   }
 }
 
@@ -189,7 +220,8 @@ void dynemb_optim_prepare(const dynemb_optimizer *o, float lr, uint64_t step,
   s->l1 = o->l1;
   s->l2 = o->l2;
   s->l2_shrinkage = o->l2_shrinkage;
-  if (o->kind == DYNEMB_OPT_ADAM) {
+  s->decay = lr * o->weight_decay;
+  if (o->kind == DYNEMB_OPT_ADAM || o->kind == DYNEMB_OPT_ADAMW) {
     /* alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t), TF's ApplyAdam */
     double t = (double)(step ? step : 1);
     float beta1_power = (float)pow((double)o->beta1, t);
@@ -210,6 +242,9 @@ void dynemb_optim_apply_row(const dynemb_optim_step *s, float *restrict var,
     break;
   case DYNEMB_OPT_FTRL:
     apply_ftrl(s, var, slots, slots + dim, grad, dim);
+    break;
+  case DYNEMB_OPT_ADAMW:
+    apply_adamw(s, var, slots, slots + dim, grad, dim);
     break;
   default: break;
   }

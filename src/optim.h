@@ -5,8 +5,8 @@
  * floats (the table stores them apart, see table.c). These know only the
  * math: they update one row given the summed gradient of that row, exactly
  * as TensorFlow's kernels do (ApplyGradientDescent, ApplyAdagrad,
- * Adam with beta powers, ApplyFtrlV2), so dynemb tables train to the same
- * numbers as dense tf.Variable tables.
+ * Adam with beta powers, ApplyFtrlV2; AdamW as Keras' AdamW), so dynemb
+ * tables train to the same numbers as dense tf.Variable tables.
  */
 #ifndef DYNEMB_OPTIM_H
 #define DYNEMB_OPTIM_H
@@ -42,7 +42,8 @@
 #endif
 
 /* Number of `dim`-wide slots the optimizer keeps per row, or -1 for an
- * unknown kind. SGD 0, ADAGRAD 1, ADAM 2 (m, v), FTRL 2 (accum, linear). */
+ * unknown kind. SGD 0, ADAGRAD 1, ADAM 2 (m, v), FTRL 2 (accum, linear),
+ * ADAMW 2 (m, v). */
 int dynemb_optim_slot_count(int kind);
 
 /* Checks hyper-parameters; on error calls dynemb_error_set naming table
@@ -65,6 +66,7 @@ typedef struct dynemb_optim_step {
   float epsilon;      /* ADAM */
   float lr_power;     /* FTRL: learning_rate_power (<= 0) */
   float l1, l2, l2_shrinkage; /* FTRL */
+  float decay;        /* ADAMW: lr * weight_decay */
 } dynemb_optim_step;
 
 /* Fills *s for one step: `lr` is the learning rate for this step; `step`

@@ -38,6 +38,7 @@ void dynemb_table_config_init(dynemb_table_config *cfg) {
   cfg->optimizer.beta2 = 0.999f;
   cfg->optimizer.epsilon = 1e-8f;
   cfg->optimizer.learning_rate_power = -0.5f;
+  cfg->optimizer.weight_decay = 0.004f; /* Keras' AdamW and mxRec's default */
   cfg->nonfinite_policy = DYNEMB_NONFINITE_ERROR;
 }
 

@@ -69,7 +69,7 @@ def sharded_ops() -> Any:
 OK, EINVAL, ENOMEM, EEXIST, ENOTFOUND, EDIM = 0, 1, 2, 3, 4, 5
 EIO, ECORRUPT, EVERSION, EMISMATCH = 7, 8, 9, 11
 INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_TRUNCATED_NORMAL = range(5)
-OPT_SGD, OPT_ADAGRAD, OPT_ADAM, OPT_FTRL = range(4)
+OPT_SGD, OPT_ADAGRAD, OPT_ADAM, OPT_FTRL, OPT_ADAMW = range(5)
 LOOKUP_TRAIN, LOOKUP_EVAL = 0, 1
 IMPORT_REPLACE, IMPORT_EMBEDDING_ONLY, IMPORT_KEEP_STEPS, IMPORT_ADOPT_LAYOUT = 1, 2, 4, 8
 STATS_FIELDS = ("size", "capacity", "candidates", "bytes", "lookups", "hits",
@@ -88,7 +88,8 @@ class Optimizer(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int)] + [
         (n, ctypes.c_float) for n in (
             "learning_rate", "initial_accumulator_value", "beta1", "beta2",
-            "epsilon", "learning_rate_power", "l1", "l2", "l2_shrinkage")]
+            "epsilon", "learning_rate_power", "l1", "l2", "l2_shrinkage",
+            "weight_decay")]
 
 
 class TableConfig(ctypes.Structure):

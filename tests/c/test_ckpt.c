@@ -22,6 +22,7 @@
  *    candidates, last access), save, load into fresh tables and compare
  *    snapshots; shard-filtered loads partition the keys exactly; loads
  *    under another name; EMBEDDING_ONLY into another optimizer; wrong dim;
+ *    AdamW's slots, and an Adam table refusing them;
  *    a damaged file leaves the target table unchanged.
  */
 #include <dirent.h>
@@ -839,6 +840,52 @@ static void table_snap(dynemb_table *t, dynemb_snapshot *s) {
   CHECK_OK(dynemb_table_snapshot(t, s));
 }
 
+/* AdamW (kind 4, the newest) keeps m and v like Adam: its rows and slots
+ * round trip exactly, the header records kind 4, and an Adam table refuses
+ * them (same row layout, other optimizer: the slots would be mistaken for
+ * Adam's without the decay) unless only the embeddings are taken. */
+static void test_tables_roundtrip_adamw(void) {
+  char dir[600];
+  fresh_dir(dir, sizeof dir, "adamw");
+  dynemb_table *t = make_table("ck_adamw", 3, DYNEMB_OPT_ADAMW, 1);
+  CHECK(t != NULL);
+  if (!t) return;
+  train(t, 40, 0);
+  dynemb_snapshot st, lt;
+  table_snap(t, &st);
+  CHECK(st.optimizer_kind == DYNEMB_OPT_ADAMW && st.row_floats == 9);
+  int moments = 0; /* the slots hold trained moments, not fresh zeros */
+  for (size_t r = 0; r < st.rows; r++)
+    for (int j = 3; j < 9; j++) moments += st.values[r * 9 + (size_t)j] != 0;
+  CHECK(moments > 0);
+  CHECK_OK(dynemb_checkpoint_save(dir, &t, 1));
+  CHECK(read_equals(dir, "ck_adamw", &st));
+  dynemb_ckpt_entry *e;
+  size_t n;
+  CHECK_OK(dynemb_checkpoint_inspect(dir, &e, &n));
+  CHECK(n == 1 && e[0].optimizer_kind == DYNEMB_OPT_ADAMW);
+  dynemb_ckpt_entries_free(e, n);
+  dynemb_table_release(t);
+  CHECK_OK(dynemb_table_drop("ck_adamw"));
+
+  t = make_table("ck_adamw", 3, DYNEMB_OPT_ADAMW, 1);
+  CHECK_OK(dynemb_checkpoint_load(dir, t, NULL, DYNEMB_IMPORT_REPLACE, 0, 1));
+  table_snap(t, &lt);
+  CHECK(snap_equal(&lt, &st));
+  dynemb_snapshot_free(&lt);
+
+  dynemb_table *a = make_table("ck_adam_not_w", 3, DYNEMB_OPT_ADAM, 1);
+  CHECK_RC(dynemb_checkpoint_load(dir, a, "ck_adamw", 0, 0, 1),
+           DYNEMB_EMISMATCH);
+  CHECK(contains(dynemb_last_error(), "adamw"));
+  CHECK(dynemb_table_size(a) == 0);
+  dynemb_snapshot_free(&st);
+  dynemb_table_release(a);
+  dynemb_table_release(t);
+  CHECK_OK(dynemb_table_drop("ck_adam_not_w"));
+  CHECK_OK(dynemb_table_drop("ck_adamw"));
+}
+
 static void test_tables_roundtrip(void) {
   char dir[600];
   fresh_dir(dir, sizeof dir, "tables");
@@ -1046,6 +1093,7 @@ int main(void) {
   RUN(test_concurrent_saves);
   RUN(test_fuzz_seeds_valid);
   RUN(test_tables_roundtrip);
+  RUN(test_tables_roundtrip_adamw);
   rm_tree(base_dir);
   return check_summary();
 }

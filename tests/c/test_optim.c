@@ -2,8 +2,9 @@
  * test_optim.c -- the sparse optimizers' math against reference formulas.
  *
  * dynemb promises TensorFlow's exact optimizer math (SGD, Adagrad, lazy
- * Adam, FTRL-V2), so that a model trained on dynemb tables matches one
- * trained on dense tf.Variables. This test writes those formulas out once
+ * Adam, FTRL-V2; and lazy AdamW, Adam with Loshchilov & Hutter's decoupled
+ * weight decay, as Keras' AdamW writes it), so that a model trained on
+ * dynemb tables matches one trained on dense tf.Variables. This test writes those formulas out once
  * more, plainly and in double precision, and checks the engine against them
  * for 200 steps of random gradients:
  *
@@ -12,8 +13,9 @@
  *    both covered;
  *  - on whole tables through the public dynemb_apply, with random batches
  *    that repeat keys (gradients summed first, as TF does for
- *    IndexedSlices), leave keys out (lazy Adam: absent rows do not move,
- *    but the step count still advances) and name keys without a row;
+ *    IndexedSlices), leave keys out (lazy Adam and AdamW: absent rows do
+ *    not move, not even by weight decay, but the step count still
+ *    advances) and name keys without a row;
  *  - bit for bit against the same formulas in plain scalar float code,
  *    whichever vector clone of the row math the CPU runs (optim.h);
  *  - the NaN/Inf policies (ERROR rejects the whole batch and names the
@@ -85,13 +87,15 @@ static int ref_slots(int kind) {
     return 2;
   case DYNEMB_OPT_FTRL:
     return 2;
+  case DYNEMB_OPT_ADAMW:
+    return 2;
   default:
     return -1;
   }
 }
 
 /* Initial slot values of a new row: Adagrad accum = initial_accumulator_value;
- * Adam m = v = 0; FTRL accum = initial_accumulator_value, linear = 0. */
+ * Adam, AdamW m = v = 0; FTRL accum = initial_accumulator_value, linear = 0. */
 static void ref_init_slots(const dynemb_optimizer *o, double *slots, int dim) {
   for (int i = 0; i < dim * ref_slots(o->kind); i++)
     slots[i] = 0.0;
@@ -127,6 +131,25 @@ static void ref_step(const dynemb_optimizer *o, double *w, int dim,
       s1[i] = b1 * s1[i] + (1.0 - b1) * g[i];
       s2[i] = b2 * s2[i] + (1.0 - b2) * g[i] * g[i];
       w[i] -= lr_t * s1[i] / (sqrt(s2[i]) + eps);
+    }
+    break;
+  }
+  case DYNEMB_OPT_ADAMW: { /* Loshchilov & Hutter, Algorithm 2 */
+    /* theta_t = theta_{t-1} - eta_t * (alpha * mhat / (sqrt(vhat) + eps)
+     *                                   + lambda * theta_{t-1})
+     * with eta_t * alpha = lr and eta_t * lambda = lr * weight_decay (the
+     * decay scales with the learning rate, as in Keras and PyTorch), and
+     * TF's epsilon-hat form of the Adam part (epsilon added to sqrt(v),
+     * the bias correction folded into the step size), as for Adam above. */
+    double b1 = (double)o->beta1, b2 = (double)o->beta2;
+    double eps = (double)o->epsilon, wd = (double)o->weight_decay;
+    double b1p = pow(b1, (double)step), b2p = pow(b2, (double)step);
+    double lr_t = lr * sqrt(1.0 - b2p) / (1.0 - b1p);
+    for (int i = 0; i < dim; i++) {
+      double theta = w[i];
+      s1[i] = b1 * s1[i] + (1.0 - b1) * g[i];
+      s2[i] = b2 * s2[i] + (1.0 - b2) * g[i] * g[i];
+      w[i] = theta - lr * wd * theta - lr_t * s1[i] / (sqrt(s2[i]) + eps);
     }
     break;
   }
@@ -208,7 +231,7 @@ static dynemb_optimizer default_opt(int kind, float lr) {
   return cfg.optimizer;
 }
 
-#define N_CASES 10
+#define N_CASES 13
 static opt_case cases[N_CASES];
 
 static void make_cases(void) {
@@ -252,6 +275,20 @@ static void make_cases(void) {
   cases[k].opt.learning_rate_power = -0.3f;
   cases[k++].opt.initial_accumulator_value = 0.5f;
 
+  cases[k].label = "adamw";
+  cases[k++].opt = default_opt(DYNEMB_OPT_ADAMW, 0.01f);
+
+  /* A decay large enough to dominate the Adam step (lr * wd = 0.06). */
+  cases[k].label = "adamw_wd3_b0.5_0.9";
+  cases[k].opt = default_opt(DYNEMB_OPT_ADAMW, 0.02f);
+  cases[k].opt.weight_decay = 3.0f;
+  cases[k].opt.beta1 = 0.5f;
+  cases[k++].opt.beta2 = 0.9f;
+
+  cases[k].label = "adamw_wd0"; /* = Adam */
+  cases[k].opt = default_opt(DYNEMB_OPT_ADAMW, 0.01f);
+  cases[k++].opt.weight_decay = 0.0f;
+
   cases[k].label = "ftrl_p0_shrink";
   cases[k].opt = default_opt(DYNEMB_OPT_FTRL, 0.03f);
   cases[k].opt.learning_rate_power = 0.0f;
@@ -284,6 +321,7 @@ static void test_config_defaults_are_tf_defaults(void) {
   CHECK(cfg.optimizer.l1 == 0.0f);
   CHECK(cfg.optimizer.l2 == 0.0f);
   CHECK(cfg.optimizer.l2_shrinkage == 0.0f);
+  CHECK(cfg.optimizer.weight_decay == 0.004f); /* Keras' AdamW, mxRec's */
   CHECK(cfg.nonfinite_policy == DYNEMB_NONFINITE_ERROR);
 }
 
@@ -292,12 +330,15 @@ static void test_slot_counts_and_names(void) {
   CHECK(dynemb_optim_slot_count(DYNEMB_OPT_ADAGRAD) == 1);
   CHECK(dynemb_optim_slot_count(DYNEMB_OPT_ADAM) == 2);
   CHECK(dynemb_optim_slot_count(DYNEMB_OPT_FTRL) == 2);
-  CHECK(dynemb_optim_slot_count(4) == -1);
+  CHECK(dynemb_optim_slot_count(DYNEMB_OPT_ADAMW) == 2);
+  CHECK(DYNEMB_OPT_ADAMW == 4); /* in checkpoints: the number must not move */
+  CHECK(dynemb_optim_slot_count(5) == -1);
   CHECK(dynemb_optim_slot_count(-1) == -1);
   CHECK(!strcmp(dynemb_optimizer_name(DYNEMB_OPT_SGD), "sgd"));
   CHECK(!strcmp(dynemb_optimizer_name(DYNEMB_OPT_ADAGRAD), "adagrad"));
   CHECK(!strcmp(dynemb_optimizer_name(DYNEMB_OPT_ADAM), "adam"));
   CHECK(!strcmp(dynemb_optimizer_name(DYNEMB_OPT_FTRL), "ftrl"));
+  CHECK(!strcmp(dynemb_optimizer_name(DYNEMB_OPT_ADAMW), "adamw"));
   CHECK(!strcmp(dynemb_optimizer_name(99), "unknown"));
 }
 
@@ -395,6 +436,12 @@ static float bits_ref(const dynemb_optim_step *s, float *var, float *slots,
     b[i] = b[i] + (g[i] * g[i] - b[i]) * s->one_minus_b2;
     return var[i] - (a[i] * s->alpha) / (sqrtf(b[i]) + s->epsilon);
   }
+  case DYNEMB_OPT_ADAMW: { /* decay first (Keras' order), then Adam */
+    a[i] = a[i] + (g[i] - a[i]) * s->one_minus_b1;
+    b[i] = b[i] + (g[i] * g[i] - b[i]) * s->one_minus_b2;
+    float decayed = var[i] - var[i] * s->decay;
+    return decayed - (a[i] * s->alpha) / (sqrtf(b[i]) + s->epsilon);
+  }
   default: { /* FTRL, lr_power -0.5 */
     float gs = g[i] + 2.0f * s->l2_shrinkage * var[i];
     float na = a[i] + g[i] * g[i];
@@ -415,11 +462,13 @@ static float bits_ref(const dynemb_optim_step *s, float *var, float *slots,
 static void test_row_math_same_bits_as_scalar(void) {
   static const int dims[] = {1, 7, 8, 15, 16, 17, 31, 64, 67, 200};
   static const int kinds[] = {DYNEMB_OPT_SGD, DYNEMB_OPT_ADAGRAD,
-                              DYNEMB_OPT_ADAM, DYNEMB_OPT_FTRL};
+                              DYNEMB_OPT_ADAM, DYNEMB_OPT_FTRL,
+                              DYNEMB_OPT_ADAMW};
   uint64_t r = 12345;
   int mismatches = 0;
-  for (size_t k = 0; k < 4; k++) {
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
     dynemb_optimizer o = default_opt(kinds[k], 0.05f);
+    o.weight_decay = 0.7f;
     o.l1 = 0.001f;
     o.l2 = 0.01f;
     o.l2_shrinkage = kinds[k] == DYNEMB_OPT_FTRL ? 0.002f : 0.0f;
@@ -519,6 +568,18 @@ static int make_bad_cases(bad_case *b) {
   b[k] = (bad_case){"learning_rate_power > 0", "learning_rate_power",
                     default_opt(DYNEMB_OPT_FTRL, 0.01f)};
   b[k++].opt.learning_rate_power = 0.5f;
+  b[k] = (bad_case){"weight_decay < 0", "weight_decay",
+                    default_opt(DYNEMB_OPT_ADAMW, 0.01f)};
+  b[k++].opt.weight_decay = -0.1f;
+  b[k] = (bad_case){"weight_decay = inf", "weight_decay",
+                    default_opt(DYNEMB_OPT_ADAMW, 0.01f)};
+  b[k++].opt.weight_decay = INFINITY;
+  b[k] = (bad_case){"AdamW beta1 = 1", "beta1",
+                    default_opt(DYNEMB_OPT_ADAMW, 0.01f)};
+  b[k++].opt.beta1 = 1.0f;
+  b[k] = (bad_case){"AdamW epsilon = 0", "epsilon",
+                    default_opt(DYNEMB_OPT_ADAMW, 0.01f)};
+  b[k++].opt.epsilon = 0.0f;
   b[k] =
       (bad_case){"unknown optimizer kind", "optimizer", default_opt(7, 0.01f)};
   k++;
@@ -526,7 +587,7 @@ static int make_bad_cases(bad_case *b) {
 }
 
 static void test_validate_rejects_bad_hyperparameters(void) {
-  bad_case b[16];
+  bad_case b[24];
   int n = make_bad_cases(b);
   for (int i = 0; i < n; i++) {
     int rc = dynemb_optim_validate(&b[i].opt, "tbl_validate");
@@ -566,7 +627,7 @@ static void test_validate_accepts_edge_values(void) {
 }
 
 static void test_create_rejects_bad_hyperparameters(void) {
-  bad_case b[16];
+  bad_case b[24];
   int n = make_bad_cases(b);
   for (int i = 0; i < n; i++) {
     dynemb_table_config cfg;

@@ -60,6 +60,9 @@ LAYERS = {
     "dynemb.util": 4,
     "dynemb.optimizers": 4,
     "dynemb.saver": 4,
+    # The second generation's face (mxRec v2, ``import dynemb.v2 as mxrec``):
+    # built on the first generation's faces, beside them.
+    "dynemb.v2": 4,
     # 5. The package itself.
     "dynemb": 5,
 }

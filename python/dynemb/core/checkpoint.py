@@ -318,9 +318,12 @@ def _optimizer_kinds(part: str) -> dict:
 
 # The engine's optimizer kinds, and the sparse optimizers that train with each.
 _KIND_NAMES = {_lib.OPT_SGD: "sgd", _lib.OPT_ADAGRAD: "adagrad", _lib.OPT_ADAM: "adam",
-               _lib.OPT_FTRL: "ftrl"}
-_KIND_OPTIMIZERS = {_lib.OPT_SGD: "gradient_descent", _lib.OPT_ADAGRAD: "adagrad",
-                    _lib.OPT_ADAM: "lazy_adam", _lib.OPT_FTRL: "ftrl"}
+               _lib.OPT_FTRL: "ftrl", _lib.OPT_ADAMW: "adamw"}
+_KIND_OPTIMIZERS = {
+    k: "dynemb.optimizers.%s.create_hash_optimizer" % m for k, m in (
+        (_lib.OPT_SGD, "gradient_descent"), (_lib.OPT_ADAGRAD, "adagrad"),
+        (_lib.OPT_ADAM, "lazy_adam"), (_lib.OPT_FTRL, "ftrl"))}
+_KIND_OPTIMIZERS[_lib.OPT_ADAMW] = "dynemb.v2.AdamWOptimizer"  # (the second generation's)
 
 
 def _check_same_optimizer(path: str, name: str, opt: Any, kind: int) -> None:
@@ -340,7 +343,7 @@ def _check_same_optimizer(path: str, name: str, opt: Any, kind: int) -> None:
         "dynemb restore_tables('%s'): table '%s' was trained with %s (its rows in the "
         "checkpoint hold %s state), but this graph trains it with sparse optimizer %s "
         "(%s state). To go on from the saved state, train it with %s again "
-        "(dynemb.optimizers.%s.create_hash_optimizer); to switch to %s, start from the "
+        "(%s); to switch to %s, start from the "
         "checkpoint's embeddings with fresh %s state: restore_tables(path, ['%s'], "
         "embedding_only=True), or a warm start (tf.estimator.WarmStartSettings / "
         "dynemb.warm_start). A graph that only reads the table (no optimizer applies "

@@ -186,7 +186,7 @@ _INIT_NAMES = {_lib.INIT_ZEROS: "zeros", _lib.INIT_CONSTANT: "constant",
                _lib.INIT_UNIFORM: "uniform", _lib.INIT_NORMAL: "normal",
                _lib.INIT_TRUNCATED_NORMAL: "truncated normal"}
 _OPT_NAMES = {_lib.OPT_SGD: "SGD", _lib.OPT_ADAGRAD: "Adagrad", _lib.OPT_ADAM: "lazy Adam",
-              _lib.OPT_FTRL: "FTRL"}
+              _lib.OPT_FTRL: "FTRL", _lib.OPT_ADAMW: "lazy AdamW"}
 
 
 def _config_fields(c: _lib.TableConfig) -> dict[str, str]:
@@ -198,10 +198,10 @@ def _config_fields(c: _lib.TableConfig) -> dict[str, str]:
         "initializer": "%s (a=%g, b=%g, seed %d)" % (_INIT_NAMES.get(i.kind, i.kind), i.a,
                                                       i.b, i.seed),
         "sparse optimizer": "%s (initial accumulator %g, beta1 %g, beta2 %g, epsilon %g, "
-                            "learning rate power %g, l1 %g, l2 %g, l2 shrinkage %g)"
+                            "learning rate power %g, l1 %g, l2 %g, l2 shrinkage %g, weight decay %g)"
                             % (_OPT_NAMES.get(o.kind, o.kind), o.initial_accumulator_value,
                                o.beta1, o.beta2, o.epsilon, o.learning_rate_power, o.l1,
-                               o.l2, o.l2_shrinkage),
+                               o.l2, o.l2_shrinkage, o.weight_decay),
         "capacity in memory": "unlimited" if not c.host_vocabulary_size else
                               "%d rows" % c.host_vocabulary_size,
         "ssd_vocabulary_size": str(c.ssd_vocabulary_size),
