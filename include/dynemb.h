@@ -594,18 +594,8 @@ DYNEMB_API int dynemb_checkpoint_save_incremental(const char *dir,
  * a cleanup of old checkpoints must keep). Errors: EIO, ECORRUPT, ENOMEM. */
 DYNEMB_API int dynemb_checkpoint_base(const char *dir, char **base);
 
-/* Loads table `name_in_ckpt` (NULL: the table's own name) from `dir` into
- * `t`, as dynemb_table_import with `flags`, shard_index and shard_count.
- * The whole file is verified before the table changes.
- * Errors: ENOTFOUND (no such table in the checkpoint; the message lists the
- * ones present), ECORRUPT (checksum/size/structure; message says which
- * file and what), EVERSION, EDIM, EMISMATCH, EIO, ENOMEM. */
-DYNEMB_API int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
-                                      const char *name_in_ckpt, unsigned flags,
-                                      uint32_t shard_index,
-                                      uint32_t shard_count);
-
-/* Options of dynemb_checkpoint_load_with. */
+/* Options of a checkpoint load. A NULL pointer, or a zeroed struct with
+ * stamp < 0, means none. */
 typedef struct dynemb_load_options {
   /* >= 0 (at most 2^32 - 1): the last access every loaded row gets instead
    * of the saved one, so that a warm start's rows start fresh for eviction;
@@ -616,13 +606,19 @@ typedef struct dynemb_load_options {
   int rows_only;
 } dynemb_load_options;
 
-/* dynemb_checkpoint_load with options (`opts` NULL: none). Errors as
- * dynemb_checkpoint_load, and EINVAL for a stamp above 2^32 - 1. */
-DYNEMB_API int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
-                                           const char *name_in_ckpt,
-                                           unsigned flags, uint32_t shard_index,
-                                           uint32_t shard_count,
-                                           const dynemb_load_options *opts);
+/* Loads table `name_in_ckpt` (NULL: the table's own name) from `dir` into
+ * `t`, as dynemb_table_import with `flags`, shard_index and shard_count;
+ * `opts` may be NULL (load as saved). The whole file is verified before the
+ * table changes.
+ * Errors: ENOTFOUND (no such table in the checkpoint; the message lists the
+ * ones present), ECORRUPT (checksum/size/structure; message says which
+ * file and what), EVERSION, EDIM, EMISMATCH, EIO, ENOMEM, EINVAL (a stamp
+ * above 2^32 - 1). */
+DYNEMB_API int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
+                                      const char *name_in_ckpt, unsigned flags,
+                                      uint32_t shard_index,
+                                      uint32_t shard_count,
+                                      const dynemb_load_options *opts);
 
 /* What a checkpoint holds, per table. */
 typedef struct dynemb_ckpt_entry {

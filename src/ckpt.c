@@ -529,13 +529,6 @@ static int load_streamed(dynemb_ckpt_dir *d, const dynemb_manifest_entry *e,
   return rc;
 }
 
-int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
-                           const char *name_in_ckpt, unsigned flags,
-                           uint32_t shard_index, uint32_t shard_count) {
-  return dynemb_checkpoint_load_with(dir, t, name_in_ckpt, flags, shard_index,
-                                     shard_count, NULL);
-}
-
 static int load_full(const char *dir, dynemb_table *t, const char *name,
                      unsigned flags, uint32_t shard_index, uint32_t shard_count,
                      const dynemb_load_options *opts);
@@ -585,10 +578,10 @@ static int load_chain(const char *dir, dynemb_table *t, const char *name,
   return rc;
 }
 
-int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
-                                const char *name_in_ckpt, unsigned flags,
-                                uint32_t shard_index, uint32_t shard_count,
-                                const dynemb_load_options *opts) {
+int dynemb_checkpoint_load(const char *dir, dynemb_table *t,
+                           const char *name_in_ckpt, unsigned flags,
+                           uint32_t shard_index, uint32_t shard_count,
+                           const dynemb_load_options *opts) {
   dynemb_error_clear();
   if (!t)
     return dynemb_error_set(DYNEMB_EINVAL, "checkpoint load: table is NULL");
@@ -624,7 +617,7 @@ int dynemb_checkpoint_load_with(const char *dir, dynemb_table *t,
   return rc0;
 }
 
-/* dynemb_checkpoint_load_with of a full checkpoint. */
+/* dynemb_checkpoint_load of a full checkpoint. */
 static int load_full(const char *dir, dynemb_table *t, const char *name,
                      unsigned flags, uint32_t shard_index, uint32_t shard_count,
                      const dynemb_load_options *opts) {

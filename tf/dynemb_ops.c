@@ -38,7 +38,7 @@
  *                 cand_counts, cand_last_access, apply_steps (scalar)
  *   DynembImport  the same eight tensors -> size int64 scalar (rows after)
  *   DynembLoadCheckpoint stamp int64 scalar (-1: keep the saved times) ->
- *                 size int64 scalar: dynemb_checkpoint_load_with of table
+ *                 size int64 scalar: dynemb_checkpoint_load of table
  *                 attr source_name from engine checkpoint attr dir (warm
  *                 start of tables with an SSD tier)
  *   DynembStats   -> int64 [20] (dynemb_table_stats, in field order)
@@ -629,10 +629,9 @@ static void load_compute(void *p, TF_OpKernelContext *ctx) {
   dynemb_load_options o = {-1, k->rows_only};
   if (scalar_i64(ctx, stampt, "load", "stamp", &o.stamp)) goto done;
   if (!(t = find_table(ctx, k, "load"))) goto done;
-  int rc = dynemb_checkpoint_load_with(k->dir, t, k->source_name,
-                                       (unsigned)k->flags,
-                                       (uint32_t)k->shard_index,
-                                       (uint32_t)k->shard_count, &o);
+  int rc = dynemb_checkpoint_load(k->dir, t, k->source_name, (unsigned)k->flags,
+                                  (uint32_t)k->shard_index,
+                                  (uint32_t)k->shard_count, &o);
   if (rc != DYNEMB_OK) {
     fail_engine(ctx, rc, "load");
     goto done;

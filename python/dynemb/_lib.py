@@ -177,7 +177,8 @@ _SIGS = {
         ctypes.c_char_p, ctypes.POINTER(ctypes.POINTER(ctypes.c_char_p)),
         ctypes.POINTER(ctypes.c_size_t)]),
     "dynemb_checkpoint_load": (ctypes.c_int, [ctypes.c_char_p, _P, ctypes.c_char_p,
-                                              ctypes.c_uint, ctypes.c_uint32, ctypes.c_uint32]),
+                                              ctypes.c_uint, ctypes.c_uint32, ctypes.c_uint32,
+                                              ctypes.c_void_p]),
 }
 for _name, (_res, _args) in _SIGS.items():
     _f = getattr(clib, _name)

@@ -869,13 +869,14 @@ static void test_tables_roundtrip_adamw(void) {
   CHECK_OK(dynemb_table_drop("ck_adamw"));
 
   t = make_table("ck_adamw", 3, DYNEMB_OPT_ADAMW, 1);
-  CHECK_OK(dynemb_checkpoint_load(dir, t, NULL, DYNEMB_IMPORT_REPLACE, 0, 1));
+  CHECK_OK(
+      dynemb_checkpoint_load(dir, t, NULL, DYNEMB_IMPORT_REPLACE, 0, 1, NULL));
   table_snap(t, &lt);
   CHECK(snap_equal(&lt, &st));
   dynemb_snapshot_free(&lt);
 
   dynemb_table *a = make_table("ck_adam_not_w", 3, DYNEMB_OPT_ADAM, 1);
-  CHECK_RC(dynemb_checkpoint_load(dir, a, "ck_adamw", 0, 0, 1),
+  CHECK_RC(dynemb_checkpoint_load(dir, a, "ck_adamw", 0, 0, 1, NULL),
            DYNEMB_EMISMATCH);
   CHECK(contains(dynemb_last_error(), "adamw"));
   CHECK(dynemb_table_size(a) == 0);
@@ -927,8 +928,10 @@ static void test_tables_roundtrip(void) {
   CHECK_OK(dynemb_table_drop("ck/item id"));
   u = make_table("ck_user", 4, DYNEMB_OPT_ADAM, 2);
   v = make_table("ck/item id", 3, DYNEMB_OPT_ADAGRAD, 2);
-  CHECK_OK(dynemb_checkpoint_load(dir, u, NULL, DYNEMB_IMPORT_REPLACE, 0, 1));
-  CHECK_OK(dynemb_checkpoint_load(dir, v, NULL, DYNEMB_IMPORT_REPLACE, 0, 1));
+  CHECK_OK(
+      dynemb_checkpoint_load(dir, u, NULL, DYNEMB_IMPORT_REPLACE, 0, 1, NULL));
+  CHECK_OK(
+      dynemb_checkpoint_load(dir, v, NULL, DYNEMB_IMPORT_REPLACE, 0, 1, NULL));
   dynemb_snapshot lu, lv;
   table_snap(u, &lu);
   table_snap(v, &lv);
@@ -946,7 +949,8 @@ static void test_tables_roundtrip(void) {
                                          DYNEMB_OPT_ADAM, 2, other_shards[k]);
     CHECK(x != NULL);
     if (!x) break;
-    CHECK_OK(dynemb_checkpoint_load(dir, x, "ck_user", DYNEMB_IMPORT_REPLACE, 0, 1));
+    CHECK_OK(dynemb_checkpoint_load(dir, x, "ck_user", DYNEMB_IMPORT_REPLACE, 0,
+                                    1, NULL));
     table_snap(x, &lu);
     CHECK(snap_equal(&lu, &su));
     dynemb_snapshot_free(&lu);
@@ -956,10 +960,11 @@ static void test_tables_roundtrip(void) {
 
   /* Warm start under another name. */
   dynemb_table *w = make_table("ck_user_v2", 4, DYNEMB_OPT_ADAM, 1);
-  CHECK_RC(dynemb_checkpoint_load(dir, w, NULL, 0, 0, 1), DYNEMB_ENOTFOUND);
+  CHECK_RC(dynemb_checkpoint_load(dir, w, NULL, 0, 0, 1, NULL),
+           DYNEMB_ENOTFOUND);
   CHECK(contains(dynemb_last_error(), "'ck_user'"));
   CHECK(dynemb_table_size(w) == 0);
-  CHECK_OK(dynemb_checkpoint_load(dir, w, "ck_user", 0, 0, 1));
+  CHECK_OK(dynemb_checkpoint_load(dir, w, "ck_user", 0, 0, 1, NULL));
   table_snap(w, &lu);
   CHECK(snap_equal(&lu, &su));
   dynemb_snapshot_free(&lu);
@@ -973,8 +978,8 @@ static void test_tables_roundtrip(void) {
     char name[32];
     snprintf(name, sizeof name, "ck_shard_%d", i);
     sh[i] = make_table(name, 4, DYNEMB_OPT_ADAM, 2);
-    CHECK_OK(dynemb_checkpoint_load(dir, sh[i], "ck_user", 0, (uint32_t)i,
-                                    NS));
+    CHECK_OK(dynemb_checkpoint_load(dir, sh[i], "ck_user", 0, (uint32_t)i, NS,
+                                    NULL));
     dynemb_snapshot ss;
     table_snap(sh[i], &ss);
     CHECK(ss.rows > 0 && ss.rows < su.rows);
@@ -1004,12 +1009,13 @@ static void test_tables_roundtrip(void) {
   CHECK(cands_sum == su.candidates);
   for (size_t r = 0; r < su.rows; r++) CHECK(seen[r]);
   free(seen);
-  CHECK_RC(dynemb_checkpoint_load(dir, sh[0], "ck_user", 0, 3, 3),
+  CHECK_RC(dynemb_checkpoint_load(dir, sh[0], "ck_user", 0, 3, 3, NULL),
            DYNEMB_EINVAL);
 
   /* Wrong dim: EDIM naming both dims; the table is unchanged. */
   dynemb_table *d5 = make_table("ck_dim5", 5, DYNEMB_OPT_ADAM, 1);
-  CHECK_RC(dynemb_checkpoint_load(dir, d5, "ck_user", 0, 0, 1), DYNEMB_EDIM);
+  CHECK_RC(dynemb_checkpoint_load(dir, d5, "ck_user", 0, 0, 1, NULL),
+           DYNEMB_EDIM);
   CHECK(contains(dynemb_last_error(), "dim 4"));
   CHECK(contains(dynemb_last_error(), "dim 5"));
   CHECK(dynemb_table_size(d5) == 0);
@@ -1017,11 +1023,11 @@ static void test_tables_roundtrip(void) {
   /* Another optimizer: EMISMATCH, unless EMBEDDING_ONLY (embeddings taken,
    * fresh slots: Adagrad's accumulator starts at initial_accumulator). */
   dynemb_table *g = make_table("ck_adagrad", 4, DYNEMB_OPT_ADAGRAD, 1);
-  CHECK_RC(dynemb_checkpoint_load(dir, g, "ck_user", 0, 0, 1),
+  CHECK_RC(dynemb_checkpoint_load(dir, g, "ck_user", 0, 0, 1, NULL),
            DYNEMB_EMISMATCH);
   CHECK(dynemb_table_size(g) == 0);
   CHECK_OK(dynemb_checkpoint_load(dir, g, "ck_user",
-                                  DYNEMB_IMPORT_EMBEDDING_ONLY, 0, 1));
+                                  DYNEMB_IMPORT_EMBEDDING_ONLY, 0, 1, NULL));
   dynemb_snapshot sg;
   table_snap(g, &sg);
   CHECK(sg.rows == su.rows && sg.row_floats == 8);
@@ -1050,7 +1056,8 @@ static void test_tables_roundtrip(void) {
     orig[pos] ^= 0x04;
     write_bytes(ft, orig, fn);
     orig[pos] ^= 0x04;
-    int rc = dynemb_checkpoint_load(dir, u, NULL, DYNEMB_IMPORT_REPLACE, 0, 1);
+    int rc =
+        dynemb_checkpoint_load(dir, u, NULL, DYNEMB_IMPORT_REPLACE, 0, 1, NULL);
     if (rc != DYNEMB_ECORRUPT) bad++;
   }
   write_bytes(ft, orig, fn);

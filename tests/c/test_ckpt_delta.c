@@ -181,13 +181,16 @@ static void chain_case(int kind, uint64_t host, uint64_t ssd, const char *tag) {
     dynemb_table *u = make("delta_load", 3, kind, host, ssd);
     if (!u) break;
     round_of(u, 1, 1000, 50);
-    CHECK_OK(dynemb_checkpoint_load(d[i], u, name, DYNEMB_IMPORT_REPLACE, 0, 1));
+    CHECK_OK(dynemb_checkpoint_load(d[i], u, name, DYNEMB_IMPORT_REPLACE, 0, 1,
+                                    NULL));
     CHECK(table_is(u, f[i], name));
     /* and re-sharded: the part of one of 3 ranks, as the full save's */
     dynemb_table *v = make("delta_shard", 3, kind, host, ssd);
     dynemb_table *w = make("full_shard", 3, kind, host, ssd);
-    CHECK_OK(dynemb_checkpoint_load(d[i], v, name, DYNEMB_IMPORT_REPLACE, 1, 3));
-    CHECK_OK(dynemb_checkpoint_load(f[i], w, name, DYNEMB_IMPORT_REPLACE, 1, 3));
+    CHECK_OK(dynemb_checkpoint_load(d[i], v, name, DYNEMB_IMPORT_REPLACE, 1, 3,
+                                    NULL));
+    CHECK_OK(dynemb_checkpoint_load(f[i], w, name, DYNEMB_IMPORT_REPLACE, 1, 3,
+                                    NULL));
     dynemb_snapshot a, b;
     CHECK_OK(dynemb_table_snapshot(v, &a));
     CHECK_OK(dynemb_table_snapshot(w, &b));
@@ -314,7 +317,8 @@ static void test_errors(void) {
   CHECK(strstr(dynemb_last_error(), "already holds a checkpoint") != NULL);
   /* a table of another dim */
   dynemb_table *u = make("delta_err3", 3, DYNEMB_OPT_SGD, 0, 0);
-  CHECK_RC(dynemb_checkpoint_load(b1, u, "delta_err", DYNEMB_IMPORT_REPLACE, 0, 1),
+  CHECK_RC(dynemb_checkpoint_load(b1, u, "delta_err", DYNEMB_IMPORT_REPLACE, 0,
+                                  1, NULL),
            DYNEMB_EDIM);
   /* the base saved again: the delta no longer builds on it */
   CHECK_OK(dynemb_checkpoint_save(b0, &t, 1));
@@ -331,8 +335,9 @@ static void test_errors(void) {
   /* the base gone: a clear error, and the table unchanged */
   rm_tree(b0);
   uint64_t before = dynemb_table_size(t);
-  CHECK_RC(dynemb_checkpoint_load(b1, t, NULL, DYNEMB_IMPORT_REPLACE, 0, 1),
-           DYNEMB_ECORRUPT);
+  CHECK_RC(
+      dynemb_checkpoint_load(b1, t, NULL, DYNEMB_IMPORT_REPLACE, 0, 1, NULL),
+      DYNEMB_ECORRUPT);
   CHECK(strstr(dynemb_last_error(), "builds on") != NULL &&
         strstr(dynemb_last_error(), "err-base") != NULL);
   CHECK(dynemb_table_size(t) == before);
@@ -390,9 +395,10 @@ static void test_chain_load_is_a_full_load(void) {
   char own[600];
   path_in(own, sizeof own, "merge-own");
   CHECK_OK(dynemb_checkpoint_save(own, &u, 1));
-  CHECK_OK(dynemb_checkpoint_load(own, v, "delta_merge_u", DYNEMB_IMPORT_REPLACE, 0, 1));
-  CHECK_OK(dynemb_checkpoint_load(d1, u, "delta_merge", 0, 0, 1));
-  CHECK_OK(dynemb_checkpoint_load(f1, v, "delta_merge", 0, 0, 1));
+  CHECK_OK(dynemb_checkpoint_load(own, v, "delta_merge_u",
+                                  DYNEMB_IMPORT_REPLACE, 0, 1, NULL));
+  CHECK_OK(dynemb_checkpoint_load(d1, u, "delta_merge", 0, 0, 1, NULL));
+  CHECK_OK(dynemb_checkpoint_load(f1, v, "delta_merge", 0, 0, 1, NULL));
   dynemb_snapshot a, b;
   CHECK_OK(dynemb_table_snapshot(u, &a));
   CHECK_OK(dynemb_table_snapshot(v, &b));
@@ -410,7 +416,8 @@ static void test_chain_load_is_a_full_load(void) {
   int64_t k[3] = {1, 2, 3};
   float out[6];
   CHECK_OK(dynemb_lookup(w, k, 3, DYNEMB_LOOKUP_TRAIN, 1, NULL, out, NULL));
-  CHECK_RC(dynemb_checkpoint_load(d1, w, "delta_merge", DYNEMB_IMPORT_REPLACE, 0, 1),
+  CHECK_RC(dynemb_checkpoint_load(d1, w, "delta_merge", DYNEMB_IMPORT_REPLACE,
+                                  0, 1, NULL),
            DYNEMB_ECAPACITY);
   CHECK(dynemb_table_size(w) == 3);
   dynemb_table_release(w);

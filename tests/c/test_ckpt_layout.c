@@ -208,12 +208,13 @@ static void test_adopt_in_memory(void) {
     /* Without the flag: the usual EMISMATCH, nothing loaded. */
     dynemb_table *dst = make("lay_dst", DYNEMB_OPT_SGD, 0, 0, 0.05f);
     CHECK_RC(dynemb_checkpoint_load(dir, dst, "lay_src", DYNEMB_IMPORT_REPLACE,
-                                    0, 1), DYNEMB_EMISMATCH);
+                                    0, 1, NULL),
+             DYNEMB_EMISMATCH);
     CHECK(dynemb_table_size(dst) == 0);
     /* With it, into the empty table: everything, bit for bit. */
-    CHECK_OK(dynemb_checkpoint_load(dir, dst, "lay_src",
-                                    DYNEMB_IMPORT_REPLACE |
-                                        DYNEMB_IMPORT_ADOPT_LAYOUT, 0, 1));
+    CHECK_OK(dynemb_checkpoint_load(
+        dir, dst, "lay_src", DYNEMB_IMPORT_REPLACE | DYNEMB_IMPORT_ADOPT_LAYOUT,
+        0, 1, NULL));
     float lr = 0;
     CHECK(kind_of(dst, &lr) == kinds[k] && lr == 0.05f);
     CHECK(dynemb_table_row_floats(dst) == dynemb_table_row_floats(src));
@@ -240,7 +241,7 @@ static void test_adopt_in_memory(void) {
   step(held, 7, 5, 1000, 100);
   const uint64_t rows_before = dynemb_table_size(held);
   CHECK_RC(dynemb_checkpoint_load(dir, held, "lay_src",
-                                  DYNEMB_IMPORT_ADOPT_LAYOUT, 0, 1),
+                                  DYNEMB_IMPORT_ADOPT_LAYOUT, 0, 1, NULL),
            DYNEMB_EMISMATCH);
   CHECK(contains(dynemb_last_error(), "DYNEMB_IMPORT_REPLACE"));
   CHECK(contains(dynemb_last_error(), "sgd") &&
@@ -250,26 +251,27 @@ static void test_adopt_in_memory(void) {
   CHECK_RC(dynemb_checkpoint_load(dir, held, "lay_src",
                                   DYNEMB_IMPORT_REPLACE |
                                       DYNEMB_IMPORT_ADOPT_LAYOUT |
-                                      DYNEMB_IMPORT_EMBEDDING_ONLY, 0, 1),
+                                      DYNEMB_IMPORT_EMBEDDING_ONLY,
+                                  0, 1, NULL),
            DYNEMB_EINVAL);
   CHECK(dynemb_table_size(held) == rows_before);
-  CHECK_OK(dynemb_checkpoint_load(dir, held, "lay_src",
-                                  DYNEMB_IMPORT_REPLACE |
-                                      DYNEMB_IMPORT_ADOPT_LAYOUT, 0, 1));
+  CHECK_OK(dynemb_checkpoint_load(
+      dir, held, "lay_src", DYNEMB_IMPORT_REPLACE | DYNEMB_IMPORT_ADOPT_LAYOUT,
+      0, 1, NULL));
   CHECK(same_table(src, held));
   /* The same layout already: the flag changes nothing. */
-  CHECK_OK(dynemb_checkpoint_load(dir, held, "lay_src",
-                                  DYNEMB_IMPORT_REPLACE |
-                                      DYNEMB_IMPORT_ADOPT_LAYOUT, 0, 1));
+  CHECK_OK(dynemb_checkpoint_load(
+      dir, held, "lay_src", DYNEMB_IMPORT_REPLACE | DYNEMB_IMPORT_ADOPT_LAYOUT,
+      0, 1, NULL));
   CHECK(same_table(src, held));
   /* A shard-filtered pair of loads (a restore on two ranks, here into two
    * tables of one process) adds up to the whole table. */
   dynemb_table *half[2] = {make("lay_h0", DYNEMB_OPT_SGD, 0, 0, 0.05f),
                            make("lay_h1", DYNEMB_OPT_SGD, 0, 0, 0.05f)};
   for (uint32_t r = 0; r < 2; r++)
-    CHECK_OK(dynemb_checkpoint_load(dir, half[r], "lay_src",
-                                    DYNEMB_IMPORT_REPLACE |
-                                        DYNEMB_IMPORT_ADOPT_LAYOUT, r, 2));
+    CHECK_OK(dynemb_checkpoint_load(
+        dir, half[r], "lay_src",
+        DYNEMB_IMPORT_REPLACE | DYNEMB_IMPORT_ADOPT_LAYOUT, r, 2, NULL));
   CHECK(dynemb_table_size(half[0]) + dynemb_table_size(half[1]) ==
         dynemb_table_size(src));
   CHECK(kind_of(half[1], NULL) == DYNEMB_OPT_ADAM);
@@ -301,12 +303,12 @@ static void test_adopt_ssd_and_chain(void) {
   dynemb_ckpt_load_chunk_rows = 7;
   dynemb_table *a = make("lay_ssd_a", DYNEMB_OPT_SGD, 16, 4096, 0.05f);
   dynemb_table *b = make("lay_ssd_b", DYNEMB_OPT_SGD, 16, 4096, 0.05f);
-  CHECK_OK(dynemb_checkpoint_load(full, a, "lay_ssd_src",
-                                  DYNEMB_IMPORT_REPLACE |
-                                      DYNEMB_IMPORT_ADOPT_LAYOUT, 0, 1));
-  CHECK_OK(dynemb_checkpoint_load(d1, b, "lay_ssd_src",
-                                  DYNEMB_IMPORT_REPLACE |
-                                      DYNEMB_IMPORT_ADOPT_LAYOUT, 0, 1));
+  CHECK_OK(dynemb_checkpoint_load(
+      full, a, "lay_ssd_src",
+      DYNEMB_IMPORT_REPLACE | DYNEMB_IMPORT_ADOPT_LAYOUT, 0, 1, NULL));
+  CHECK_OK(dynemb_checkpoint_load(
+      d1, b, "lay_ssd_src", DYNEMB_IMPORT_REPLACE | DYNEMB_IMPORT_ADOPT_LAYOUT,
+      0, 1, NULL));
   dynemb_ckpt_load_chunk_rows = 0;
   /* `a` holds the first save's moment: train src's later steps on it */
   for (int i = 0; i < 2; i++) step(a, 500 + (uint64_t)i, 20 + i, 500, 100);

@@ -239,10 +239,11 @@ static void run_pair(int opt, int shards) {
   CHECK_OK(dynemb_checkpoint_save(dir, &b, 1));
   dynemb_table *c = make("plain2", opt, 0, 4);
   dynemb_table *d = make("tiered2", opt, 16, 1);
-  CHECK_OK(dynemb_checkpoint_load(dir, c, "tiered", 0, 0, 0));
+  CHECK_OK(dynemb_checkpoint_load(dir, c, "tiered", 0, 0, 0, NULL));
   /* into a tiered table the load streams, here in steps of 37 rows */
   dynemb_ckpt_load_chunk_rows = 37;
-  CHECK_OK(dynemb_checkpoint_load(dir, d, "tiered", DYNEMB_IMPORT_REPLACE, 0, 0));
+  CHECK_OK(dynemb_checkpoint_load(dir, d, "tiered", DYNEMB_IMPORT_REPLACE, 0, 0,
+                                  NULL));
   CHECK(same_snapshots(a, c));
   CHECK(same_snapshots(a, d));
   dynemb_table_stats sc;
@@ -263,7 +264,7 @@ static void run_pair(int opt, int shards) {
   dynemb_table_get_stats(d, &sd);
   CHECK(sd.host_rows == 16 && sd.ssd_rows == sd.size - 16);
   /* loading again (no replace) rewrites rows where they are */
-  CHECK_OK(dynemb_checkpoint_load(dir, d, "tiered", 0, 0, 0));
+  CHECK_OK(dynemb_checkpoint_load(dir, d, "tiered", 0, 0, 0, NULL));
   CHECK(same_snapshots(a, d));
   dynemb_ckpt_load_chunk_rows = 0;
   char cmd[1300];
@@ -300,7 +301,8 @@ static void test_checkpoint_candidates_streamed(void) {
   CHECK_OK(dynemb_checkpoint_save(dir, &a, 1));
   dynemb_table *b = make("cand_dst", DYNEMB_OPT_ADAM, 6, 2);
   dynemb_ckpt_load_chunk_rows = 5;
-  CHECK_OK(dynemb_checkpoint_load(dir, b, "cand_src", DYNEMB_IMPORT_REPLACE, 0, 0));
+  CHECK_OK(dynemb_checkpoint_load(dir, b, "cand_src", DYNEMB_IMPORT_REPLACE, 0,
+                                  0, NULL));
   dynemb_ckpt_load_chunk_rows = 0;
   dynemb_snapshot x, y;
   CHECK_OK(dynemb_table_snapshot(a, &x));
@@ -320,8 +322,8 @@ static void test_checkpoint_candidates_streamed(void) {
   for (int tiered = 0; tiered < 2; tiered++) {
     dynemb_table *dst = tiered ? b : c;
     dynemb_ckpt_load_chunk_rows = 5;
-    CHECK_OK(dynemb_checkpoint_load_with(dir, dst, "cand_src", DYNEMB_IMPORT_REPLACE,
-                                         0, 0, &o));
+    CHECK_OK(dynemb_checkpoint_load(dir, dst, "cand_src", DYNEMB_IMPORT_REPLACE,
+                                    0, 0, &o));
     dynemb_ckpt_load_chunk_rows = 0;
     CHECK_OK(dynemb_table_snapshot(dst, &y));
     int stamped = 1;
@@ -330,7 +332,8 @@ static void test_checkpoint_candidates_streamed(void) {
     dynemb_snapshot_free(&y);
   }
   o.stamp = (int64_t)1 << 32;
-  CHECK(dynemb_checkpoint_load_with(dir, c, "cand_src", 0, 0, 0, &o) == DYNEMB_EINVAL);
+  CHECK(dynemb_checkpoint_load(dir, c, "cand_src", 0, 0, 0, &o) ==
+        DYNEMB_EINVAL);
   dynemb_table_release(c);
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

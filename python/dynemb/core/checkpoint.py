@@ -280,7 +280,7 @@ def _restore_into(path: str, names: list[str], name_map: Optional[dict[str, str]
             for i, part in enumerate(parts):
                 _lib.check(_lib.clib.dynemb_checkpoint_load(
                     part.encode(), h, src.encode(),
-                    flags if i == 0 else flags & ~_lib.IMPORT_REPLACE, *shard),
+                    flags if i == 0 else flags & ~_lib.IMPORT_REPLACE, *shard, None),
                     "restore_tables('%s')" % path)
             if trainers.get(name) is not None:  # (its hyper-parameters, whatever
                 _rebind(h, trainers[name])        # another graph set meanwhile)
