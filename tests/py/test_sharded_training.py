@@ -295,13 +295,12 @@ def test_computed_serving_default_values_on_n_ranks(n, tmp_path):
 # own (a network namespace, tests/hosts/hosts.sh), every byte over TCP
 # --------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def hosts():
-    """Three network hosts for this module's tests, removed afterwards (also
-    when a test fails). Where namespaces cannot be made (not root, no
-    iproute2) the tests are skipped, saying why, unless DYNEMB_REQUIRE_HOSTS
-    is set (CI sets it: there they must run)."""
-    name = "dyn%d" % (os.getpid() % 100000)
+def _network_hosts(prefix):
+    """Three network hosts named after `prefix` (tests/hosts/hosts.sh),
+    removed afterwards (also when a test fails). Where namespaces cannot be
+    made (not root, no iproute2) the test is skipped, saying why, unless
+    DYNEMB_REQUIRE_HOSTS is set (CI sets it: there they must run)."""
+    name = "%s%d" % (prefix, os.getpid() % 100000)
     p = subprocess.run(["timeout", "-k", "5", "60", str(HOSTS), "up", name, "3"],
                        capture_output=True, text=True)
     if p.returncode != 0:
@@ -315,6 +314,12 @@ def hosts():
     finally:
         subprocess.run(["timeout", "-k", "5", "60", str(HOSTS), "down", name],
                        capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Three network hosts shared by this module's tests."""
+    yield from _network_hosts("dyn")
 
 
 @pytest.fixture(scope="module")
@@ -364,20 +369,7 @@ def test_pipeline_modes_on_two_hosts_train_as_one_process(name, hosts, tmp_path)
 @pytest.fixture
 def fresh_hosts():
     """Three network hosts of this test's own (it harms one of them)."""
-    name = "dyf%d" % (os.getpid() % 100000)
-    p = subprocess.run(["timeout", "-k", "5", "60", str(HOSTS), "up", name, "3"],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        subprocess.run([str(HOSTS), "down", name], capture_output=True)
-        why = "cannot make network hosts here: " + (p.stderr.strip() or "rc %d" % p.returncode)
-        if os.environ.get("DYNEMB_REQUIRE_HOSTS"):
-            pytest.fail(why)
-        pytest.skip(why)
-    try:
-        yield name
-    finally:
-        subprocess.run(["timeout", "-k", "5", "60", str(HOSTS), "down", name],
-                       capture_output=True)
+    yield from _network_hosts("dyf")
 
 
 @pytest.mark.pinned_only
